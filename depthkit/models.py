@@ -238,13 +238,15 @@ def _load_embedded(name: str, dtype: torch.dtype):
 
 
 class _quiet_gguf:
-    """Silence the per-tensor progress bars transformers prints while dequantising."""
+    """Silence the per-tensor progress bar transformers prints while dequantising
+    (hundreds of lines of noise in a rendered notebook)."""
 
     def __enter__(self):
-        self._old = os.environ.get("TQDM_DISABLE")
-        os.environ["TQDM_DISABLE"] = "1"
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
         from transformers.utils import logging as hf_logging
 
+        self._mod, self._tqdm = gguf_utils, gguf_utils.tqdm
+        gguf_utils.tqdm = lambda iterable, *a, **k: iterable
         self._verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
@@ -253,10 +255,7 @@ class _quiet_gguf:
     def __exit__(self, *exc):
         from transformers.utils import logging as hf_logging
 
-        if self._old is None:
-            os.environ.pop("TQDM_DISABLE", None)
-        else:
-            os.environ["TQDM_DISABLE"] = self._old
+        self._mod.tqdm = self._tqdm
         hf_logging.set_verbosity(self._verbosity)
         hf_logging.enable_progress_bar()
         return False
