@@ -161,6 +161,8 @@ def load_model(
         # bridge needs to pick its adapter.
         hf_model.config.architectures = [type(hf_model).__name__]
     hf_model.eval()
+    # Before booting: the bridge wraps the HF modules, which renames state-dict keys.
+    fingerprint = weights_fingerprint(hf_model)
     bridge = TransformerBridge.boot_transformers(
         hub_id,
         hf_model=hf_model,
@@ -181,7 +183,7 @@ def load_model(
         n_ctx=int(_context_length(cfg, bridge)),
         quantisation=quant,
         source=source,
-        fingerprint=weights_fingerprint(hf_model),
+        fingerprint=fingerprint,
     )
     return bridge
 

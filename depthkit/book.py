@@ -1,0 +1,431 @@
+"""The book runner: execute the chapter notebooks with papermill, then build the
+HTML with Jupyter Book 1, offline.
+
+``depthkit book`` (see :mod:`depthkit.cli`) calls :func:`build_book`. Each chapter
+runs in a kernel of the current interpreter (so a ``.venv`` works without a
+registered kernel) and is written to ``book/chapters/<slug>.ipynb``, where the
+book's ``_toc.yml`` finds it. A JSON stamp next to the executed notebook records
+a hash of the source notebook, the parameters and depthkit's own code, so an
+unchanged chapter is not executed again. papermill writes into
+``<slug>.partial.ipynb`` while it runs; only a run that finished is moved into
+place, so an interrupted run never leaves a notebook that looks complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+
+from depthkit import plots
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_DIR = Path(__file__).resolve().parent
+MATHJAX_VERSION = "3.2.2"
+KERNEL_NAME = "depthkit-python"
+# Packages whose version changes what a chapter computes or shows.
+_VERSIONED_PACKAGES = ("torch", "transformer-lens", "transformers", "altair", "papermill", "numpy", "pandas")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# A widget's generic repr ("VBox(children=(...))") says nothing to a reader;
+# tqdm's bars replace theirs with the bar text, which is worth keeping.
+_WIDGET_REPR = re.compile(r"^[A-Z]\w*\(")
+WIDGET_NOTE = "Interactive widget: open this chapter's notebook in JupyterLab to use it."
+
+Echo = Callable[[str], None]
+
+
+class ChapterLike(Protocol):
+    id: str
+    slug: str
+    title: str
+    smoke: dict[str, Any]
+
+    @property
+    def notebook(self) -> Path: ...
+
+
+class BookError(RuntimeError):
+    """A build step failed; the message says which and what to look at."""
+
+
+class ChapterFailed(BookError):
+    """A chapter notebook raised. Carries the failing cell's error, not its traceback."""
+
+    def __init__(self, chapter: ChapterLike, ename: str, evalue: str, partial: Path, cell: int | None = None):
+        self.chapter, self.ename, self.evalue, self.partial, self.cell = chapter, ename, evalue, partial, cell
+        where = f" in cell [{cell}]" if cell is not None else ""
+        super().__init__(
+            f"Chapter {chapter.id} ({chapter.title}) failed{where}: {ename}: {evalue}\n"
+            f"Partially executed notebook: {partial}"
+        )
+
+
+@dataclass(frozen=True)
+class ChapterResult:
+    chapter: ChapterLike
+    status: str  # "ran" or "unchanged"
+    notebook: Path
+    elapsed_s: float
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+def parse_param(text: str) -> tuple[str, Any]:
+    """Parse ``key=value`` with the value read as YAML (like papermill's ``-y``):
+    ``n=200`` -> 200, ``lens=logit`` -> "logit", ``ks=[1, 10]`` -> [1, 10],
+    ``x=null`` -> None."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ValueError(f"Parameter {text!r} is not of the form key=value (e.g. -p n_prompts=200).")
+    if not key.isidentifier():
+        raise ValueError(f"Parameter name {key!r} is not a Python identifier (e.g. -p n_prompts=200).")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as err:
+        raise ValueError(f"Value of parameter {key!r} is not valid YAML: {raw!r} ({err.__class__.__name__}).") from err
+    if isinstance(value, dict):
+        raise ValueError(f"Parameter {key!r}: give a number, a string or a list, not a mapping ({raw!r}).")
+    return key, value
+
+
+def parse_params(items: Sequence[str]) -> dict[str, Any]:
+    return dict(parse_param(item) for item in items)
+
+
+def chapter_params(
+    chapter: ChapterLike,
+    model: str,
+    results_root: Path,
+    smoke: bool = False,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The parameters a chapter is executed with: the shared ones, then the
+    chapter's smoke set (if asked), then explicit overrides."""
+    params: dict[str, Any] = {"model": model, "results_root": str(Path(results_root).resolve())}
+    if smoke:
+        params.update(chapter.smoke)
+    params.update(extra or {})
+    return params
+
+
+# --------------------------------------------------------------------------- stamps
+
+
+def source_fingerprint() -> str:
+    """Hash of depthkit's code and data files and of the versions of the packages
+    that shape results: a change to any of them makes every chapter stale."""
+    digest = hashlib.sha256()
+    for path in sorted(PACKAGE_DIR.rglob("*")):
+        if path.is_file() and path.suffix in {".py", ".json", ".jsonl"} and "__pycache__" not in path.parts:
+            digest.update(path.relative_to(PACKAGE_DIR).as_posix().encode())
+            digest.update(path.read_bytes())
+    for name in _VERSIONED_PACKAGES:
+        try:
+            version = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            version = "-"
+        digest.update(f"{name}=={version}".encode())
+    return digest.hexdigest()
+
+
+def run_hash(notebook: Path, params: dict[str, Any], fingerprint: str | None = None) -> str:
+    digest = hashlib.sha256()
+    digest.update(Path(notebook).read_bytes())
+    digest.update(json.dumps(params, sort_keys=True, default=str).encode())
+    digest.update((fingerprint if fingerprint is not None else source_fingerprint()).encode())
+    return digest.hexdigest()
+
+
+def output_paths(out_dir: Path, slug: str) -> tuple[Path, Path, Path]:
+    """(executed notebook, stamp, partial notebook) of a chapter."""
+    out_dir = Path(out_dir)
+    return out_dir / f"{slug}.ipynb", out_dir / f"{slug}.stamp.json", out_dir / f"{slug}.partial.ipynb"
+
+
+def read_stamp(path: Path) -> dict[str, Any] | None:
+    try:
+        stamp = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return stamp if isinstance(stamp, dict) else None
+
+
+def is_current(out_dir: Path, slug: str, digest: str) -> bool:
+    """True when the executed notebook exists and its stamp matches ``digest``."""
+    executed, stamp_path, _ = output_paths(out_dir, slug)
+    stamp = read_stamp(stamp_path)
+    return executed.is_file() and stamp is not None and stamp.get("hash") == digest
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------- execution
+
+
+@contextlib.contextmanager
+def _kernel_of_this_interpreter(work_dir: Path) -> Iterator[str]:
+    """Register, for the duration of the block, a kernelspec that starts
+    ``sys.executable``: papermill then runs chapters in this very environment
+    whatever kernels the user has installed."""
+    spec_dir = Path(work_dir) / "jupyter" / "kernels" / KERNEL_NAME
+    spec_dir.mkdir(parents=True, exist_ok=True)
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python (depthkit)",
+        "language": "python",
+        "env": {"PYDEVD_DISABLE_FILE_VALIDATION": "1"},
+    }
+    _atomic_write(spec_dir / "kernel.json", json.dumps(spec, indent=1))
+    old = os.environ.get("JUPYTER_PATH")
+    os.environ["JUPYTER_PATH"] = os.pathsep.join([str(Path(work_dir) / "jupyter"), *([old] if old else [])])
+    try:
+        yield KERNEL_NAME
+    finally:
+        if old is None:
+            os.environ.pop("JUPYTER_PATH", None)
+        else:
+            os.environ["JUPYTER_PATH"] = old
+
+
+def clean_executed(nb: Any, kernelspec: dict[str, Any] | None) -> Any:
+    """Make an executed notebook fit for the static book: drop the chart bundle
+    output (the book ships the bundle once), drop saved widget state (it would
+    pull require.js and the widget manager from a CDN) and say where widgets
+    work instead, and restore the source notebook's kernelspec."""
+    nb.metadata.pop("widgets", None)
+    if kernelspec:
+        nb.metadata["kernelspec"] = kernelspec
+    for cell in nb.cells:
+        if cell.get("cell_type") != "code":
+            continue
+        kept = []
+        for out in cell.get("outputs", []):
+            if out.get("metadata", {}).get(plots.BUNDLE_MARK):
+                continue
+            data = out.get("data", {})
+            if "application/vnd.jupyter.widget-view+json" in data:
+                text = data.get("text/plain", "")
+                text = "".join(text) if isinstance(text, list) else text
+                if not text.strip() or _WIDGET_REPR.match(text.strip()):
+                    out["data"] = {"text/plain": WIDGET_NOTE, "text/html": f"<p><em>{WIDGET_NOTE}</em></p>"}
+                else:
+                    out["data"] = {"text/plain": text}
+            kept.append(out)
+        cell["outputs"] = kept
+    return nb
+
+
+def execute_chapter(
+    chapter: ChapterLike,
+    params: dict[str, Any],
+    out_dir: Path,
+    force: bool = False,
+    progress: bool = False,
+    work_dir: Path | None = None,
+    fingerprint: str | None = None,
+) -> ChapterResult:
+    """Execute one chapter notebook with papermill into ``out_dir/<slug>.ipynb``
+    unless its stamp says the same notebook already ran with the same parameters
+    and code. Raises :class:`ChapterFailed` with the failing cell's error."""
+    import nbformat
+    import papermill
+
+    source = Path(chapter.notebook)
+    if not source.is_file():
+        raise BookError(f"Chapter {chapter.id} ({chapter.title}): notebook {source} does not exist.")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    executed, stamp_path, partial = output_paths(out_dir, chapter.slug)
+    digest = run_hash(source, params, fingerprint)
+    if not force and is_current(out_dir, chapter.slug, digest):
+        return ChapterResult(chapter, "unchanged", executed, 0.0)
+
+    kernelspec = nbformat.read(source, as_version=4).metadata.get("kernelspec")
+    start = time.perf_counter()
+    with _kernel_of_this_interpreter(Path(work_dir) if work_dir else out_dir / ".work") as kernel:
+        try:
+            papermill.execute_notebook(
+                str(source),
+                str(partial),
+                parameters=params,
+                kernel_name=kernel,
+                progress_bar=progress,
+                cwd=str(source.parent),
+            )
+        except papermill.PapermillExecutionError as err:
+            raise ChapterFailed(chapter, err.ename, _plain(err.evalue), partial, err.exec_count) from None
+        except Exception as err:  # kernel death, timeouts, unreadable notebooks
+            raise ChapterFailed(chapter, type(err).__name__, _plain(str(err)), partial) from None
+    elapsed = time.perf_counter() - start
+
+    nb = clean_executed(nbformat.read(partial, as_version=4), kernelspec)
+    _atomic_write(executed, nbformat.writes(nb))
+    stamp = {
+        "chapter": chapter.id,
+        "hash": digest,
+        "params": params,
+        "elapsed_s": round(elapsed, 1),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    _atomic_write(stamp_path, json.dumps(stamp, indent=1, default=str))
+    partial.unlink(missing_ok=True)
+    return ChapterResult(chapter, "ran", executed, elapsed)
+
+
+def _plain(text: str) -> str:
+    """First lines of an error message, without terminal colour codes."""
+    lines = _ANSI.sub("", text or "").strip().splitlines()
+    short = "\n".join(lines[:5])
+    return short + (" ..." if len(lines) > 5 else "")
+
+
+# --------------------------------------------------------------------------- static files and toc
+
+
+def mathjax_dir(root: Path = ROOT) -> Path:
+    return Path(root) / ".cache" / "js" / f"mathjax-{MATHJAX_VERSION}"
+
+
+def ensure_mathjax(repo: Path = ROOT) -> Path:
+    """The local MathJax copy, fetched from npm by scripts/fetch_js.sh if missing."""
+    target = mathjax_dir(repo)
+    if not (target / "tex-mml-chtml.js").is_file():
+        script = Path(repo) / "scripts" / "fetch_js.sh"
+        proc = subprocess.run(["bash", str(script)], capture_output=True, text=True)
+        if proc.returncode != 0 or not (target / "tex-mml-chtml.js").is_file():
+            raise BookError(
+                "MathJax for the offline book is missing and could not be fetched: "
+                f"{(proc.stderr or proc.stdout).strip() or 'no output'}. Run `bash scripts/fetch_js.sh` "
+                "(needs npm and access to the npm registry)."
+            )
+    return target
+
+
+def prepare_static(static_dir: Path, repo: Path = ROOT) -> Path:
+    """Fill the folder that _config.yml names as html_static_path with the chart
+    bundle and MathJax."""
+    static_dir = Path(static_dir)
+    static_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(plots.bundle_path(), static_dir / "depthkit-vega.js")
+    mathjax = ensure_mathjax(repo=repo)
+    target = static_dir / "mathjax"
+    stamp = target / ".version"
+    if not (stamp.is_file() and stamp.read_text() == MATHJAX_VERSION):
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(mathjax, target)
+        stamp.write_text(MATHJAX_VERSION)
+    return static_dir
+
+
+def write_build_toc(root: Path, slugs: Sequence[str], out: Path) -> Path:
+    """Copy ``root/_toc.yml`` to ``out`` with the chapter entries (files under
+    book/chapters/) replaced by ``slugs`` in the given order; a part left with no
+    entries is dropped."""
+    toc = yaml.safe_load((Path(root) / "_toc.yml").read_text(encoding="utf-8"))
+    wanted = [{"file": f"book/chapters/{slug}"} for slug in slugs]
+    placed = False
+    parts = []
+    for part in toc.get("parts", []):
+        entries = []
+        for entry in part.get("chapters", []):
+            if str(entry.get("file", "")).startswith("book/chapters/"):
+                if not placed:
+                    entries.extend(wanted)
+                    placed = True
+            else:
+                entries.append(entry)
+        if entries:
+            parts.append({**part, "chapters": entries})
+    if wanted and not placed:
+        raise BookError(f"{Path(root) / '_toc.yml'} has no entry under book/chapters/ to place the chapters at.")
+    toc["parts"] = parts
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write(out, yaml.safe_dump(toc, sort_keys=False))
+    return out
+
+
+def build_html(root: Path, toc: Path, log: Path) -> tuple[Path, int]:
+    """Run ``jupyter-book build`` quietly; returns (index.html, number of warnings).
+    The full log goes to ``log``."""
+    # jupyter_book.cli has no __main__; call its click group from this interpreter.
+    launcher = "import sys; from jupyter_book.cli.main import main; sys.exit(main())"
+    cmd = [sys.executable, "-c", launcher, "build", str(root), "--toc", str(toc), "-q"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root)
+    text = proc.stdout + proc.stderr
+    Path(log).write_text(text, encoding="utf-8")
+    if proc.returncode != 0:
+        tail = "\n".join(text.strip().splitlines()[-15:])
+        raise BookError(f"jupyter-book build failed (full log: {log}):\n{tail}")
+    index = Path(root) / "_build" / "html" / "index.html"
+    if not index.is_file():
+        raise BookError(f"jupyter-book finished but wrote no {index} (full log: {log}).")
+    warnings = sum(1 for line in text.splitlines() if "WARNING" in line)
+    return index, warnings
+
+
+# --------------------------------------------------------------------------- the book
+
+
+def build_book(
+    model: str,
+    chapters: Sequence[ChapterLike],
+    smoke: bool = False,
+    force: bool = False,
+    root: Path = ROOT,
+    results_root: Path | None = None,
+    progress: bool = False,
+    echo: Echo = print,
+) -> Path:
+    """Execute ``chapters`` (skipping unchanged ones), then build the HTML book
+    under ``root/_build/html``. Returns the path of index.html."""
+    root = Path(root).resolve()
+    results_root = Path(results_root or os.environ.get("DEPTHKIT_RESULTS") or root / "results").resolve()
+    out_dir = root / "book" / "chapters"
+    build_dir = root / "_build"
+    fingerprint = source_fingerprint()
+    mode = "smoke parameters" if smoke else "full parameters"
+    echo(f"depthkit book: model {model}, {len(chapters)} chapter(s), {mode}; results in {results_root}")
+    for i, chapter in enumerate(chapters, 1):
+        echo(f"[{i}/{len(chapters)}] {chapter.id} {chapter.title} ...")
+        params = chapter_params(chapter, model, results_root, smoke)
+        result = execute_chapter(
+            chapter, params, out_dir, force=force, progress=progress, work_dir=build_dir, fingerprint=fingerprint
+        )
+        if result.status == "unchanged":
+            echo(f"      unchanged since its last run, not executed ({result.notebook.name})")
+        else:
+            echo(f"      done in {_duration(result.elapsed_s)}")
+
+    echo("Building the HTML with Jupyter Book ...")
+    start = time.perf_counter()
+    prepare_static(build_dir / "depthkit_static")
+    toc = write_build_toc(root, [c.slug for c in chapters], build_dir / "_toc.yml")
+    index, warnings = build_html(root, toc, build_dir / "book-build.log")
+    note = f", {warnings} Sphinx warning(s) in {build_dir / 'book-build.log'}" if warnings else ""
+    echo(f"      done in {_duration(time.perf_counter() - start)}{note}")
+    echo(f"The book: {index}")
+    return index
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 120 else f"{int(seconds // 60)} min {seconds % 60:.0f} s"

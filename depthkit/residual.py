@@ -1,0 +1,540 @@
+"""The residual stream itself, layer by layer: how large each block's update is,
+which way it points, what removing it does, and where the regime changes.
+
+Notation (canonical layers, see :mod:`depthkit.lenses`): ``h_ℓ`` is the residual
+stream entering block ``ℓ`` (``h_0`` = embeddings, ``h_L`` = final residual).
+Block ``ℓ`` writes ``Δ_ℓ = h_{ℓ+1} - h_ℓ``, the sum of its attention update
+``Δ^attn_ℓ = m_ℓ - h_ℓ`` and its MLP update ``Δ^mlp_ℓ = h_{ℓ+1} - m_ℓ``, where
+``m_ℓ`` is the stream between the two sublayers (``hook_resid_mid``).
+
+Updates are taken as *differences of residuals* (``hook_resid_pre``,
+``hook_resid_mid``, ``hook_resid_post``) rather than read from
+``hook_attn_out``/``hook_mlp_out``: in the llama bridge the two agree, but in
+Gemma 3 the sublayer output is normalised again (``post_attention_layernorm``)
+before it is added, and the difference is what the stream actually receives
+(checked on the llama and gemma3 bridges: both identities hold to 1e-7).
+
+Statistics are per text (mean over its positions), so that every curve comes
+with a bootstrap over texts. The first position of every text is left out: it
+is the attention-sink position whose residual norm is an outlier by orders of
+magnitude in most models and has no context to refine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from depthkit.lenses import LogitLens
+from depthkit.trajectories import Item, Trajectories, _pad_id, encode
+
+
+# ---------------------------------------------------------------------------
+# Running text as items
+
+
+def passage_items(
+    model,
+    texts: Sequence[str],
+    *,
+    max_tokens: int = 128,
+    min_tokens: int = 16,
+    skip_first: int = 1,
+) -> list[Item]:
+    """Items for running text: the first ``max_tokens`` tokens of every text, with
+    every position from ``skip_first`` on that has a next token, and the true next
+    token as target ``"next"`` (so lens trajectories also report its rank).
+
+    Texts shorter than ``min_tokens`` tokens are dropped; an error says so if none
+    is left.
+    """
+    if max_tokens < 2:
+        raise ValueError(f"max_tokens must be at least 2 (a token and its successor), got {max_tokens}.")
+    if not 0 <= skip_first < max_tokens - 1:
+        raise ValueError(f"skip_first must be between 0 and max_tokens - 2 = {max_tokens - 2}, got {skip_first}.")
+    if len(texts) == 0:
+        raise ValueError("No texts given: pass a list of passages, e.g. depthkit.data.wikipedia_passages()[:24].")
+    items = []
+    for text in texts:
+        ids = encode(model, text, on_overflow="error")[:max_tokens]
+        if len(ids) < max(min_tokens, skip_first + 2):
+            continue
+        pos = list(range(skip_first, len(ids) - 1))
+        items.append(Item(ids, pos, {"next": [ids[p + 1] for p in pos]}))
+    if not items:
+        raise ValueError(
+            f"All {len(texts)} texts are shorter than min_tokens={min_tokens} tokens; lower min_tokens or pass longer texts."
+        )
+    return items
+
+
+def _batch_tensors(model, items: Sequence[Item]):
+    """Right-padded token ids, attention mask, and (batch, position) indices of the
+    positions of interest, item by item."""
+    device = next(model.parameters()).device
+    width = max(len(it.tokens) for it in items)
+    tokens = torch.full((len(items), width), _pad_id(model), dtype=torch.long)
+    mask = torch.zeros((len(items), width), dtype=torch.long)
+    rows_b, rows_p = [], []
+    for b, it in enumerate(items):
+        tokens[b, : len(it.tokens)] = torch.tensor(it.tokens)
+        mask[b, : len(it.tokens)] = 1
+        rows_b += [b] * len(it.positions)
+        rows_p += it.positions
+    return (
+        tokens.to(device),
+        mask.to(device),
+        torch.tensor(rows_b, device=device),
+        torch.tensor(rows_p, device=device),
+    )
+
+
+def _batches(items: Sequence[Item], batch_size: int) -> list[list[int]]:
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
+    order = sorted(range(len(items)), key=lambda i: len(items[i].tokens))
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+# ---------------------------------------------------------------------------
+# Update sizes and directions
+
+
+UPDATE_STATS = (
+    "norm_h",
+    "attn_rel",
+    "mlp_rel",
+    "block_rel",
+    "cos_attn",
+    "cos_mlp",
+    "cos_update",
+    "block_influence",
+)
+
+
+def _cos(a: Tensor, b: Tensor) -> Tensor:
+    return torch.nn.functional.cosine_similarity(a, b, dim=-1, eps=1e-12)
+
+
+def update_stats_from_residuals(
+    h_pre: Float[Tensor, "pos d_model"],
+    h_mid: Float[Tensor, "pos d_model"],
+    h_post: Float[Tensor, "pos d_model"],
+) -> dict[str, Tensor]:
+    """Per-position statistics of one block from its three residuals.
+
+    ``attn_rel = ‖m - h‖/‖h‖``, ``mlp_rel = ‖h' - m‖/‖m‖`` (each sublayer relative
+    to the stream it adds to), ``block_rel = ‖h' - h‖/‖h‖``, cosines of each update
+    with the stream it adds to, and block influence ``1 - cos(h, h')``.
+    """
+    h, m, hp = h_pre.double(), h_mid.double(), h_post.double()
+    d_attn, d_mlp, d = m - h, hp - m, hp - h
+    nh, nm = h.norm(dim=-1), m.norm(dim=-1)
+    return {
+        "norm_h": nh,
+        "attn_rel": d_attn.norm(dim=-1) / nh,
+        "mlp_rel": d_mlp.norm(dim=-1) / nm,
+        "block_rel": d.norm(dim=-1) / nh,
+        "cos_attn": _cos(d_attn, h),
+        "cos_mlp": _cos(d_mlp, m),
+        "cos_update": _cos(d, h),
+        "block_influence": 1.0 - _cos(h, hp),
+    }
+
+
+@torch.no_grad()
+def update_stats(model, items: Sequence[Item], *, batch_size: int = 8, progress: bool = True) -> pd.DataFrame:
+    """Per (item, block): the mean over the item's positions of every statistic in
+    :data:`UPDATE_STATS` (see :func:`update_stats_from_residuals`), plus
+    ``n_positions``. Row ``block = ℓ`` describes the block that reads ``h_ℓ`` and
+    writes ``h_{ℓ+1}``.
+
+    Memory: only the residuals of one block at the positions of interest are held
+    at a time (computed inside the hooks).
+    """
+    n_blocks = int(model.cfg.n_layers)
+    frames = []
+    bar = tqdm(total=len(items), desc="update norms", unit="text", disable=not progress, leave=False)
+    for batch in _batches(items, batch_size):
+        chunk = [items[i] for i in batch]
+        tokens, mask, bi, pi = _batch_tensors(model, chunk)
+        held: dict[str, Tensor] = {}
+        sums: dict[int, dict[str, Tensor]] = {}
+
+        def keep(key: str):
+            def hook(x, hook):  # noqa: ARG001 - TransformerLens hook signature
+                held[key] = x[bi, pi].detach().float()
+                return x
+
+            return hook
+
+        def finish(block: int):
+            def hook(x, hook):  # noqa: ARG001
+                sums[block] = update_stats_from_residuals(held.pop("pre"), held.pop("mid"), x[bi, pi].detach().float())
+                return x
+
+            return hook
+
+        hooks = []
+        for b in range(n_blocks):
+            hooks += [
+                (f"blocks.{b}.hook_resid_pre", keep("pre")),
+                (f"blocks.{b}.hook_resid_mid", keep("mid")),
+                (f"blocks.{b}.hook_resid_post", finish(b)),
+            ]
+        model.run_with_hooks(tokens, attention_mask=mask, fwd_hooks=hooks, logits_to_keep=1)
+        if len(sums) != n_blocks:
+            raise RuntimeError(
+                f"Only {len(sums)} of {n_blocks} blocks reported their residuals; this architecture's bridge does not "
+                "populate hook_resid_pre/mid/post on every block."
+            )
+        item_of_row = np.repeat(np.array(batch), [len(it.positions) for it in chunk])
+        for b in range(n_blocks):
+            df = pd.DataFrame({k: v.cpu().numpy() for k, v in sums[b].items()})
+            df["item"] = item_of_row
+            df["block"] = b
+            frames.append(df)
+        bar.update(len(batch))
+    bar.close()
+    per_pos = pd.concat(frames, ignore_index=True)
+    out = per_pos.groupby(["item", "block"], sort=True)[list(UPDATE_STATS)].mean()
+    out["n_positions"] = per_pos.groupby(["item", "block"], sort=True).size()
+    return out.reset_index()
+
+
+def layer_means(per_item: pd.DataFrame, value: str, *, by: str = "block", ci: float = 0.9, n_boot: int = 200, seed: int = 0) -> pd.DataFrame:
+    """Mean of ``value`` per ``by`` (layer or block) over items, with a percentile
+    bootstrap interval over items: columns ``[by, mean, low, high, n_items]``."""
+    curves = _curves(per_item, value, by)
+    rng = np.random.default_rng(seed)
+    n = curves.shape[0]
+    boots = np.stack([np.nanmean(curves[rng.integers(0, n, n)], axis=0) for _ in range(n_boot)])
+    a = (1 - ci) / 2
+    return pd.DataFrame(
+        {
+            by: _curve_index(per_item, by),
+            "mean": np.nanmean(curves, axis=0),
+            "low": np.nanquantile(boots, a, axis=0),
+            "high": np.nanquantile(boots, 1 - a, axis=0),
+            "n_items": n,
+        }
+    )
+
+
+def _curve_index(per_item: pd.DataFrame, by: str) -> np.ndarray:
+    return np.sort(per_item[by].unique())
+
+
+def _curves(per_item: pd.DataFrame, value: str, by: str) -> np.ndarray:
+    """[item, layer] array of ``value`` (NaN where an item lacks a layer)."""
+    for col in ("item", by, value):
+        if col not in per_item.columns:
+            raise KeyError(f"Column {col!r} is missing; have {list(per_item.columns)}.")
+    wide = per_item.pivot_table(index="item", columns=by, values=value, aggfunc="mean")
+    if wide.empty:
+        raise ValueError("No rows to build curves from.")
+    return wide.reindex(columns=_curve_index(per_item, by)).to_numpy(dtype=float)
+
+
+# ---------------------------------------------------------------------------
+# Transition estimates
+
+
+@dataclass(frozen=True)
+class SegmentFit:
+    """Best two-segment least-squares fit of ``y`` against ``x``.
+
+    ``split`` is the layer where the regime changes: the knot of the continuous
+    (hinge) fit, or the first x of the second segment of the broken fit.
+    """
+
+    split: float
+    sse: float
+    slope_left: float
+    slope_right: float
+    fitted: np.ndarray
+    kind: str
+
+
+def two_segment_fit(x: Sequence[float], y: Sequence[float], *, kind: str = "hinge", min_points: int = 2) -> SegmentFit:
+    """Fit two straight segments to a curve and return the best split.
+
+    ``kind="hinge"``: a continuous piecewise-linear fit ``y = a + b·x + c·max(x - k, 0)``
+    with the knot ``k`` tried at every x that leaves ``min_points`` points on each
+    side (knot included on both). ``kind="broken"``: two independent lines on
+    ``x < k`` and ``x ≥ k`` (allows a jump). Ties between splits go to the earliest.
+    """
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"x and y must be 1-d and of equal length, got shapes {x.shape} and {y.shape}.")
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    order = np.argsort(x, kind="stable")
+    x, y = x[order], y[order]
+    if kind not in ("hinge", "broken"):
+        raise ValueError(f"kind must be 'hinge' or 'broken', got {kind!r}.")
+    if len(x) < 2 * min_points + (0 if kind == "broken" else -1):
+        raise ValueError(f"A two-segment fit needs at least {2 * min_points} finite points, got {len(x)}.")
+    best: SegmentFit | None = None
+    for j in range(len(x)):
+        k = x[j]
+        if kind == "hinge":
+            if j + 1 < min_points or len(x) - j < min_points:
+                continue
+            design = np.stack([np.ones_like(x), x, np.maximum(x - k, 0.0)], 1)
+            coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+            fitted = design @ coef
+            slopes = (coef[1], coef[1] + coef[2])
+        else:
+            if j < min_points or len(x) - j < min_points:
+                continue
+            fitted = np.empty_like(y)
+            slopes = []
+            for sl in (slice(0, j), slice(j, None)):
+                design = np.stack([np.ones_like(x[sl]), x[sl]], 1)
+                coef, *_ = np.linalg.lstsq(design, y[sl], rcond=None)
+                fitted[sl] = design @ coef
+                slopes.append(coef[1])
+        sse = float(((y - fitted) ** 2).sum())
+        if best is None or sse < best.sse - 1e-12 * max(1.0, abs(best.sse)):
+            best = SegmentFit(float(k), sse, float(slopes[0]), float(slopes[1]), fitted, kind)
+    if best is None:
+        raise ValueError(f"No split leaves {min_points} points on each side of {len(x)} points.")
+    return best
+
+
+def knee(x: Sequence[float], y: Sequence[float]) -> float:
+    """The x of largest distance between the curve and the chord joining its first
+    and last points, both axes min-max normalised (the Kneedle criterion of
+    Satopää et al. 2011, without smoothing). For a KL curve that stays high and then
+    falls it is where the fall starts; for one that falls and then flattens, where
+    it flattens."""
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    if len(x) < 3:
+        raise ValueError(f"A knee needs at least 3 finite points, got {len(x)}.")
+    order = np.argsort(x, kind="stable")
+    x, y = x[order], y[order]
+    xn = (x - x[0]) / (x[-1] - x[0])
+    span = y.max() - y.min()
+    yn = (y - y.min()) / span if span > 0 else np.zeros_like(y)
+    chord = yn[0] + (yn[-1] - yn[0]) * xn
+    return float(x[int(np.argmax(np.abs(yn - chord)))])
+
+
+def settling_layer(x: Sequence[float], y: Sequence[float], *, tol: float = 0.05) -> float:
+    """Earliest x from which ``y`` stays within ``tol`` (absolute) of its last value
+    for good. Used for "the layer where the Top-10 share reaches its final level":
+    with shares in [0, 1] and ``tol=0.05``, the first layer after which the share
+    never again differs from the model's own (layer L) share by more than five
+    percentage points."""
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    if len(x) == 0 or x.shape != y.shape:
+        raise ValueError("settling_layer needs non-empty x and y of equal length.")
+    order = np.argsort(x, kind="stable")
+    x, y = x[order], y[order]
+    outside = np.abs(y - y[-1]) > tol
+    if not outside.any():
+        return float(x[0])
+    return float(x[int(np.nonzero(outside)[0].max()) + 1])
+
+
+@dataclass(frozen=True)
+class LayerEstimate:
+    """A transition layer from the mean curve over texts, with a bootstrap interval."""
+
+    name: str
+    estimate: float
+    low: float
+    high: float
+    n_items: int
+    n_boot: int
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def bootstrap_layer(
+    per_item: pd.DataFrame,
+    value: str,
+    estimator: Callable[[np.ndarray, np.ndarray], float],
+    *,
+    by: str = "layer",
+    name: str | None = None,
+    n_boot: int = 200,
+    ci: float = 0.9,
+    seed: int = 0,
+) -> LayerEstimate:
+    """Apply ``estimator(x, mean_curve)`` to the mean curve of ``value`` over items,
+    and to the mean curves of ``n_boot`` resamples of the items (with replacement);
+    the interval is the central ``ci`` percentile range of the resampled estimates."""
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be at least 1, got {n_boot}.")
+    curves = _curves(per_item, value, by)
+    x = _curve_index(per_item, by).astype(float)
+    point = estimator(x, np.nanmean(curves, axis=0))
+    rng = np.random.default_rng(seed)
+    n = curves.shape[0]
+    samples = np.array([estimator(x, np.nanmean(curves[rng.integers(0, n, n)], axis=0)) for _ in range(n_boot)])
+    a = (1 - ci) / 2
+    return LayerEstimate(
+        name or value, float(point), float(np.quantile(samples, a)), float(np.quantile(samples, 1 - a)), n, n_boot
+    )
+
+
+def split_estimator(kind: str = "hinge", min_points: int = 2) -> Callable[[np.ndarray, np.ndarray], float]:
+    """``estimator`` for :func:`bootstrap_layer` returning the two-segment split."""
+    return lambda x, y: two_segment_fit(x, y, kind=kind, min_points=min_points).split
+
+
+# ---------------------------------------------------------------------------
+# Lens curves per text (from a Trajectories with positions="all")
+
+
+def kl_by_layer(traj: Trajectories) -> pd.DataFrame:
+    """Per (item, layer): mean KL(p_L ‖ q_ℓ) over the item's positions, in nats."""
+    return traj.steps.groupby(["item", "layer"], sort=True)["kl_to_final"].mean().rename("kl").reset_index()
+
+
+def top_share_by_layer(traj: Trajectories, token_rank: Callable[[np.ndarray], np.ndarray], *, top: int = 10) -> pd.DataFrame:
+    """Per (item, layer): share of the item's positions whose lens top-1 token is
+    among the ``top`` most frequent tokens. ``token_rank`` maps token ids to corpus
+    frequency ranks (1 = most frequent)."""
+    steps = traj.steps
+    in_top = token_rank(steps["top1_id"].to_numpy()) <= top
+    return (
+        steps.assign(in_top=in_top)
+        .groupby(["item", "layer"], sort=True)["in_top"]
+        .mean()
+        .rename(f"top{top}_share")
+        .reset_index()
+    )
+
+
+# ---------------------------------------------------------------------------
+# Layer skipping
+
+
+def _chunked_kl_agree(
+    readout: Callable[[Tensor], Tensor], h_full: Tensor, h_skip: Tensor, budget_mb: float
+) -> tuple[Tensor, Tensor]:
+    """Per position: KL(p_full ‖ p_skip) and whether the top-1 tokens agree, with at
+    most ~``budget_mb`` of vocabulary-sized tensors alive."""
+    probe = readout(h_full[:1])
+    per_pos = probe.shape[-1] * 4 * 4
+    chunk = max(1, int(budget_mb * 2**20 // per_pos))
+    kls, agree = [], []
+    for s in range(0, h_full.shape[0], chunk):
+        lf = torch.log_softmax(readout(h_full[s : s + chunk]).double(), -1)
+        ls = torch.log_softmax(readout(h_skip[s : s + chunk]).double(), -1)
+        kls.append((lf.exp() * (lf - ls)).sum(-1).clamp_min(0.0))
+        agree.append(lf.argmax(-1) == ls.argmax(-1))
+    return torch.cat(kls), torch.cat(agree)
+
+
+@torch.no_grad()
+def skip_block_effects(
+    model,
+    items: Sequence[Item],
+    *,
+    blocks: Sequence[int] | None = None,
+    batch_size: int = 8,
+    budget_mb: float = 256.0,
+    progress: bool = True,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Remove one block's update at a time (``h_{b+1} := h_b``, the rest of the
+    forward pass unchanged) and measure what changes.
+
+    Returns ``(later, output)``:
+
+    * ``later``: per (skipped block, layer ℓ > b): mean over positions of the
+      relative change ``‖h'_ℓ - h_ℓ‖ / ‖h_ℓ‖`` of the residual stream;
+    * ``output``: per skipped block: mean KL(p ‖ p') of the model's output
+      distribution in nats, and the share of positions whose top-1 token is
+      unchanged (``top1_agreement``).
+
+    One extra forward pass per block and batch.
+    """
+    n_blocks = int(model.cfg.n_layers)
+    blocks = list(range(n_blocks)) if blocks is None else [int(b) for b in blocks]
+    for b in blocks:
+        if not 0 <= b < n_blocks:
+            raise ValueError(f"Block {b} does not exist; the model has blocks 0..{n_blocks - 1}.")
+    readout = LogitLens(model).readout
+    names = [f"blocks.{i}.hook_resid_pre" for i in range(n_blocks)] + [f"blocks.{n_blocks - 1}.hook_resid_post"]
+    change_sum = torch.zeros(len(blocks), n_blocks + 1, dtype=torch.float64)
+    kl_sum = torch.zeros(len(blocks), dtype=torch.float64)
+    agree_sum = torch.zeros(len(blocks), dtype=torch.float64)
+    n_pos = 0
+    bar = tqdm(total=len(items) * len(blocks), desc="skip blocks", unit="pass", disable=not progress, leave=False)
+    for batch in _batches(items, batch_size):
+        chunk = [items[i] for i in batch]
+        tokens, mask, bi, pi = _batch_tensors(model, chunk)
+
+        def run(extra_hooks: list) -> Tensor:
+            got: dict[int, Tensor] = {}
+
+            def grab(d: int):
+                def hook(x, hook):  # noqa: ARG001
+                    got[d] = x[bi, pi].detach().float()
+                    return x
+
+                return hook
+
+            model.run_with_hooks(
+                tokens,
+                attention_mask=mask,
+                fwd_hooks=extra_hooks + [(names[d], grab(d)) for d in range(n_blocks + 1)],
+                logits_to_keep=1,
+            )
+            return torch.stack([got[d] for d in range(n_blocks + 1)])
+
+        base = run([])
+        base_norm = base.double().norm(dim=-1)
+        for j, b in enumerate(blocks):
+            stash: dict[str, Tensor] = {}
+
+            def save_in(x, hook):  # noqa: ARG001
+                stash["h"] = x.clone()
+                return x
+
+            def drop_update(x, hook):  # noqa: ARG001
+                return stash.pop("h")
+
+            # Hooks run in registration order per name; the replacement must be
+            # registered before the grab on the same hook point reads it.
+            skipped = run([(f"blocks.{b}.hook_resid_pre", save_in), (f"blocks.{b}.hook_resid_post", drop_update)])
+            rel = (skipped.double() - base.double()).norm(dim=-1) / base_norm
+            change_sum[j] += rel.sum(-1)
+            kl, agree = _chunked_kl_agree(readout, base[-1], skipped[-1], budget_mb)
+            kl_sum[j] += kl.sum()
+            agree_sum[j] += agree.double().sum()
+            bar.update(len(batch))
+        n_pos += base.shape[1]
+    bar.close()
+    rows = [
+        {"skipped": b, "layer": l, "rel_change": float(change_sum[j, l] / n_pos)}
+        for j, b in enumerate(blocks)
+        for l in range(b + 1, n_blocks + 1)
+    ]
+    later = pd.DataFrame(rows, columns=["skipped", "layer", "rel_change"])
+    output = pd.DataFrame(
+        {
+            "skipped": blocks,
+            "kl": (kl_sum / n_pos).numpy(),
+            "top1_agreement": (agree_sum / n_pos).numpy(),
+            "n_positions": n_pos,
+        }
+    )
+    return later, output

@@ -1,0 +1,153 @@
+"""The part-of-speech dataset and its correctness filter."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import depthkit as dk
+from depthkit import pos
+from depthkit.models import tokenizer_of
+
+TEXT = "The museum in the old town of Bern has a large collection of clocks, and it opened in 1901."
+PASSAGES = [
+    TEXT,
+    "Rivers in the north of the country freeze for several months, so  boats stay in the harbour until spring.",
+    "A small village lies near the border with France and it has a church built by monks in the tenth century.",
+    TEXT,  # a duplicate: must not be sampled twice
+    "Short text.",
+]
+
+
+@pytest.fixture(scope="module")
+def nlp():
+    return pos.load_spacy()
+
+
+def test_first_tag_examples_by_hand(nlp):
+    ex = {e["tag"]: e for e in pos.first_tag_examples(nlp(TEXT), pos.TAGS, min_prefix_words=8)}
+    # 8 words before the answer: "The museum in the old town of Bern" (spaCy tags "has" AUX)
+    assert ex["DET"]["prompt"] == "The museum in the old town of Bern has"
+    assert ex["DET"]["answer"] == " a"
+    assert ex["ADJ"]["answer"] == " large"
+    assert ex["NOUN"]["answer"] == " collection"
+    assert ex["ADP"]["answer"] == " of"
+    assert ex["ADP"]["prompt"] == "The museum in the old town of Bern has a large collection"
+    assert ex["PUNCT"]["answer"] == ","  # no space before the comma: spacing kept
+    assert ex["PUNCT"]["prompt"].endswith("of clocks")
+    assert ex["VERB"]["answer"] == " opened"
+    # with no minimum, the first DET is the passage's first word, which has no prompt
+    first = {e["tag"]: e for e in pos.first_tag_examples(nlp(TEXT), ["DET", "ADP"], min_prefix_words=0)}
+    assert first["DET"]["prompt"] == "" and first["ADP"]["answer"] == " in"
+    # a tag that does not occur gives nothing
+    assert pos.first_tag_examples(nlp(TEXT), ["INTJ"]) == []
+
+
+def test_original_spacing_is_kept(nlp):
+    text = PASSAGES[1]  # has a double space before "boats"
+    for e in pos.first_tag_examples(nlp(text), pos.TAGS, min_prefix_words=8):
+        assert text.startswith(e["prompt"] + e["answer"])
+        assert e["char_start"] == len(e["prompt"]) + len(e["answer"]) - len(e["answer"].lstrip())
+    noun = {e["tag"]: e for e in pos.first_tag_examples(nlp(text), ["NOUN"], min_prefix_words=12)}["NOUN"]
+    assert noun["answer"] == "  boats"
+
+
+def test_max_prompt_chars_limits_prompt_length(nlp):
+    assert pos.first_tag_examples(nlp(TEXT), ["VERB"], max_prompt_chars=40) == []
+
+
+def test_pos_dataset_deterministic_and_cached(nlp, tmp_path, monkeypatch):
+    monkeypatch.setenv("DEPTHKIT_CACHE", str(tmp_path))
+    a = pos.pos_dataset(2, ["DET", "NOUN"], seed=0, passages=PASSAGES, nlp=nlp, progress=False)
+    assert list(a.columns) == pos.COLUMNS
+    assert a["tag"].tolist() == ["DET", "DET", "NOUN", "NOUN"]
+    assert set(a["word_class"]) == {"function", "content"}
+    assert a.groupby("tag")["passage_id"].apply(lambda s: s.is_unique).all()
+    assert 3 not in set(a["passage_id"])  # the duplicate of passage 0
+    for _, r in a.iterrows():
+        assert PASSAGES[r.passage_id].startswith(r.prompt + r.answer)
+    files = list((tmp_path / "pos").glob("pos-*.parquet"))
+    assert len(files) == 1
+    b = pos.pos_dataset(2, ["DET", "NOUN"], seed=0, passages=PASSAGES, nlp=nlp, progress=False)
+    pd.testing.assert_frame_equal(a, b)
+    # the cache is really read: a file edited on disk comes back as edited
+    pd.read_parquet(files[0]).assign(answer="X").to_parquet(files[0], index=False)
+    assert (pos.pos_dataset(2, ["DET", "NOUN"], seed=0, passages=PASSAGES, nlp=nlp, progress=False)["answer"] == "X").all()
+    # other parameters get another file; another seed another order
+    orders = {
+        tuple(pos.pos_dataset(3, ["DET"], seed=s, passages=PASSAGES, nlp=nlp, cache=False, progress=False)["passage_id"])
+        for s in range(6)
+    }
+    assert len(orders) > 1
+    assert all(sorted(o) == [0, 1, 2] for o in orders)  # three distinct passages have a DET
+    no_cache = pos.pos_dataset(2, ["DET", "NOUN"], seed=0, passages=PASSAGES, nlp=nlp, cache=False, progress=False)
+    pd.testing.assert_frame_equal(no_cache, a)
+    assert len(list((tmp_path / "pos").glob("pos-*.parquet"))) == 1
+
+
+def test_pos_dataset_bad_input(nlp):
+    with pytest.raises(ValueError, match="UPOS"):
+        pos.pos_dataset(2, ["DETERMINER"], passages=PASSAGES, nlp=nlp)
+    with pytest.raises(ValueError, match="n_per_tag"):
+        pos.pos_dataset(0, ["DET"], passages=PASSAGES, nlp=nlp)
+    with pytest.raises(ValueError, match="passages"):
+        pos.pos_dataset(2, ["DET"], passages=[], nlp=nlp)
+
+
+def test_load_pos_files(tmp_path):
+    (tmp_path / "DET.jsonl").write_text(
+        "\n".join(json.dumps(r) for r in [{"prompt": "He sat on", "answer": " the"}, {"prompt": "I saw", "answer": " a"}])
+    )
+    (tmp_path / "NOUN.json").write_text(json.dumps([{"prompt": "He sat on the", "answer": " mat"}]))
+    df = pos.load_pos_files(tmp_path)
+    assert df["tag"].tolist() == ["DET", "DET", "NOUN"]
+    assert df["word_class"].tolist() == ["function", "function", "content"]
+    assert df.loc[2, "answer"] == " mat"
+    same = pos.load_pos_files({"det": tmp_path / "DET.jsonl", "NOUN": os.fspath(tmp_path / "NOUN.json")})
+    pd.testing.assert_frame_equal(df, same)
+    with pytest.raises(FileNotFoundError, match="not a folder"):
+        pos.load_pos_files(tmp_path / "nope")
+    (tmp_path / "BAD.jsonl").write_text("{}")
+    with pytest.raises(ValueError, match="BAD"):
+        pos.load_pos_files(tmp_path)
+
+
+def test_correctness_filter_hand_checked(tiny_llama):
+    model = tiny_llama
+    tok = tokenizer_of(model)
+    prompts = ["The cat sat on the", "Water boils at", "A quick brown"]
+    greedy = []
+    for p in prompts:  # independently of depthkit: the model's own logits
+        with torch.no_grad():
+            logits = model(torch.tensor([dk.encode(model, p)]))
+        greedy.append(int(logits[0, -1].argmax()))
+    right = tok.decode([greedy[0]])
+    assert dk.answer_token_ids(model, prompts[0], right)[0] == greedy[0]  # precondition of the case
+    wrong_id = (greedy[1] + 1) % len(tok)
+    wrong = tok.decode([wrong_id])
+    assert dk.answer_token_ids(model, prompts[1], wrong)[0] != greedy[1]
+    right2 = tok.decode([greedy[2]])
+    examples = pd.DataFrame(
+        {"tag": ["DET", "DET", "NOUN"], "prompt": prompts, "answer": [right, wrong, right2]}
+    )
+    res = pos.correctness_filter(model, examples, batch_size=2, progress=False)
+    assert res.checked["greedy_id"].tolist() == greedy
+    assert res.checked["correct"].tolist() == [True, False, dk.answer_token_ids(model, prompts[2], right2)[0] == greedy[2]]
+    rep = res.report.set_index("tag")
+    assert rep.loc["DET", "candidates"] == 2 and rep.loc["DET", "kept"] == 1 and rep.loc["DET", "kept_share"] == 0.5
+    assert res.kept["prompt"].iloc[0] == prompts[0]
+    assert (res.kept["answer_id"] == res.kept["greedy_id"]).all()
+    with pytest.raises(ValueError, match="lack column"):
+        pos.correctness_filter(model, examples.drop(columns="answer"))
+
+
+def test_greedy_next_tokens_independent_of_batching(tiny_llama):
+    prompts = ["The cat sat on the", "Water boils at", "A quick brown fox jumps over", "In"]
+    one = pos.greedy_next_tokens(tiny_llama, prompts, batch_size=1, progress=False)
+    many = pos.greedy_next_tokens(tiny_llama, prompts, batch_size=3, progress=False)
+    np.testing.assert_array_equal(one, many)
