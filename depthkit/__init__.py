@@ -7,14 +7,25 @@
 >>> traj.top1_table()
 """
 
+from depthkit import data, frequency
 from depthkit.lenses import Lens, LogitLens, layer_plan, resolve_lens
 from depthkit.models import DEFAULT_MODEL, ModelInfo, ModelLoadError, available_models, load_model, model_info
+from depthkit.params import Param, ParameterError, check_params
+from depthkit.results import RunRecorder, list_runs, load_run
 from depthkit.trajectories import Item, Trajectories, answer_token_ids, encode, make_items, trajectories
 
 __all__ = [
     "DEFAULT_MODEL",
     "Item",
     "Lens",
+    "Param",
+    "ParameterError",
+    "RunRecorder",
+    "check_params",
+    "data",
+    "frequency",
+    "list_runs",
+    "load_run",
     "LogitLens",
     "ModelInfo",
     "ModelLoadError",

@@ -39,9 +39,9 @@ KERNEL_NAME = "depthkit-python"
 # Packages whose version changes what a chapter computes or shows.
 _VERSIONED_PACKAGES = ("torch", "transformer-lens", "transformers", "altair", "papermill", "numpy", "pandas")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-# A widget's generic repr ("VBox(children=(...))") says nothing to a reader;
-# tqdm's bars replace theirs with the bar text, which is worth keeping.
-_WIDGET_REPR = re.compile(r"^[A-Z]\w*\(")
+# tqdm's notebook bars are widgets whose saved text is the bar as first drawn
+# ("  0%|   | 0/3"): without the widget's live updates it would mislead.
+_PROGRESS_BAR = re.compile(r"^[^|]*\d+%\|")
 WIDGET_NOTE = "Interactive widget: open this chapter's notebook in JupyterLab to use it."
 
 Echo = Callable[[str], None]
@@ -189,7 +189,8 @@ def _kernel_of_this_interpreter(work_dir: Path) -> Iterator[str]:
     spec_dir = Path(work_dir) / "jupyter" / "kernels" / KERNEL_NAME
     spec_dir.mkdir(parents=True, exist_ok=True)
     spec = {
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        # The kernel's own log (e.g. a notice about TCP transport) is noise in a build.
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", "--IPKernelApp.log_level=ERROR"],
         "display_name": "Python (depthkit)",
         "language": "python",
         "env": {"PYDEVD_DISABLE_FILE_VALIDATION": "1"},
@@ -209,8 +210,9 @@ def _kernel_of_this_interpreter(work_dir: Path) -> Iterator[str]:
 def clean_executed(nb: Any, kernelspec: dict[str, Any] | None) -> Any:
     """Make an executed notebook fit for the static book: drop the chart bundle
     output (the book ships the bundle once), drop saved widget state (it would
-    pull require.js and the widget manager from a CDN) and say where widgets
-    work instead, and restore the source notebook's kernelspec."""
+    pull require.js and the widget manager from a CDN), drop progress-bar
+    widgets, replace other widgets by a note saying where they work, and restore
+    the source notebook's kernelspec."""
     nb.metadata.pop("widgets", None)
     if kernelspec:
         nb.metadata["kernelspec"] = kernelspec
@@ -224,11 +226,9 @@ def clean_executed(nb: Any, kernelspec: dict[str, Any] | None) -> Any:
             data = out.get("data", {})
             if "application/vnd.jupyter.widget-view+json" in data:
                 text = data.get("text/plain", "")
-                text = "".join(text) if isinstance(text, list) else text
-                if not text.strip() or _WIDGET_REPR.match(text.strip()):
-                    out["data"] = {"text/plain": WIDGET_NOTE, "text/html": f"<p><em>{WIDGET_NOTE}</em></p>"}
-                else:
-                    out["data"] = {"text/plain": text}
+                if _PROGRESS_BAR.match("".join(text) if isinstance(text, list) else text):
+                    continue
+                out["data"] = {"text/plain": WIDGET_NOTE, "text/html": f"<p><em>{WIDGET_NOTE}</em></p>"}
             kept.append(out)
         cell["outputs"] = kept
     return nb
@@ -429,3 +429,39 @@ def build_book(
 
 def _duration(seconds: float) -> str:
     return f"{seconds:.1f} s" if seconds < 120 else f"{int(seconds // 60)} min {seconds % 60:.0f} s"
+
+
+# --------------------------------------------------------------------------- Sphinx hooks
+
+
+def setup(app: Any) -> dict[str, Any]:
+    """Sphinx extension (listed in _config.yml) that fixes two things Jupyter Book 1
+    gets wrong in every page: inline scripts added twice (sphinx-thebe and
+    sphinx-togglebutton register theirs on each read pass, and a second
+    ``const THEBE_JS_URL`` is a page error), and an unset theme mode (the theme
+    logs "invalid theme mode" as a console error on a first visit)."""
+    app.connect("config-inited", _default_theme_mode)
+    # Late, after the extensions that add page scripts in this same event.
+    app.connect("html-page-context", _dedupe_scripts, priority=990)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
+
+
+def _default_theme_mode(app: Any, config: Any) -> None:
+    # pydata-sphinx-theme's layout reads the template variable, which
+    # sphinx-book-theme never sets; light suits the charts' white background.
+    config.html_context = {"default_mode": "light", **(config.html_context or {})}
+
+
+def _dedupe_scripts(app: Any, pagename: str, templatename: str, context: dict[str, Any], doctree: Any) -> None:
+    scripts = context.get("script_files")
+    if not scripts:
+        return
+    seen: set[tuple[str, str]] = set()
+    unique = []
+    for script in scripts:
+        # The same inline script comes once with filename None and once with "".
+        key = (str(getattr(script, "filename", script) or ""), repr(sorted(getattr(script, "attributes", {}).items())))
+        if key not in seen:
+            seen.add(key)
+            unique.append(script)
+    context["script_files"] = unique

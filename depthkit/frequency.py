@@ -113,7 +113,11 @@ def _cached(
     key = hashlib.sha256(
         f"{kind}|{_FORMAT}|{_tokenizer_fingerprint(tokenizer)}|{_corpus_fingerprint(texts)}".encode()
     ).hexdigest()[:32]
-    path = (Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()) / "frequency" / f"{kind}-{key}.parquet"
+    path = (
+        (Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir())
+        / "frequency"
+        / f"{kind}-{key}.parquet"
+    )
     if path.exists():
         try:
             frame = pd.read_parquet(path)
@@ -133,7 +137,10 @@ def _cached(
         finally:
             tmp.unlink(missing_ok=True)
     except OSError as e:
-        warnings.warn(f"Could not cache the {kind} table under {path.parent} ({e}); it will be recomputed next time.", stacklevel=3)
+        warnings.warn(
+            f"Could not cache the {kind} table under {path.parent} ({e}); it will be recomputed next time.",
+            stacklevel=3,
+        )
     return frame
 
 

@@ -79,7 +79,9 @@ class Param:
             what = f"a list of {noun}"
             if self.choices is not None:
                 what += f" from {_show_choices(self.choices)}"
-            bounds = _bounds(self.min, self.max, "with at least {lo} items", "with at most {hi} items", "with {lo} to {hi} items")
+            bounds = _bounds(
+                self.min, self.max, "with at least {lo} items", "with at most {hi} items", "with {lo} to {hi} items"
+            )
             what = f"{what} {bounds}".strip()
         elif self.choices is not None:
             what = f"one of {_show_choices(self.choices)}"
@@ -95,7 +97,11 @@ class Param:
         if self.example is not None:
             return self.example
         if self.type is list:
-            pool = list(self.choices) if self.choices is not None else {str: ["a", "b"], int: [1, 2], float: [0.5, 1.0], bool: [True, False]}[self.item]
+            pool = (
+                list(self.choices)
+                if self.choices is not None
+                else {str: ["a", "b"], int: [1, 2], float: [0.5, 1.0], bool: [True, False]}[self.item]
+            )
             size = int(self.min) if self.min is not None else min(2, len(pool))
             return pool[: max(size, 1)]
         if self.choices is not None:
@@ -279,7 +285,9 @@ def check_params(values: Mapping[str, Any], /, *, chapter: str | Param | None = 
     checked: dict[str, Any] = {}
     for name, param in spec.items():
         if name not in values and not param.optional:
-            raise ParameterError(f"Parameter {name!r} is missing; it must be {param.describe()}. {_fix(name, param, chapter)}")
+            raise ParameterError(
+                f"Parameter {name!r} is missing; it must be {param.describe()}. {_fix(name, param, chapter)}"
+            )
         value = values.get(name)
         try:
             checked[name] = _check_one(name, value, param)

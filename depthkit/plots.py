@@ -38,6 +38,7 @@ const pending = Array.isArray(window.{_QUEUE}) ? window.{_QUEUE} : [];
 window.{_QUEUE} = {{ push: (draw) => draw() }};
 pending.forEach((draw) => draw());
 """
+_BUNDLE_FORMAT = 2  # bump when the wrapping of the cached bundle changes
 _EMBED_OPTIONS: dict[str, Any] = {
     # The editor and source links open vega.github.io: keep the menu to exports.
     "actions": {"export": True, "source": False, "compiled": False, "editor": False},
@@ -51,8 +52,8 @@ def _vega_lite_version() -> str:
 
 
 def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "depthkit" / "js"
+    """``$DEPTHKIT_CACHE/js`` (default ``~/.cache/depthkit/js``), like depthkit's other caches."""
+    return Path(os.environ.get("DEPTHKIT_CACHE") or Path.home() / ".cache" / "depthkit").expanduser() / "js"
 
 
 def bundle_path() -> Path:
@@ -68,9 +69,12 @@ def bundle_path() -> Path:
         ) from err
     vl = _vega_lite_version()
     versions = f"vega{vl_convert.get_vega_version()}-vl{vl}-embed{vl_convert.get_vega_embed_version()}"
-    path = _cache_dir() / f"depthkit-vega-{versions}.js"
+    path = _cache_dir() / f"depthkit-vega-{_BUNDLE_FORMAT}-{versions}.js"
     if not path.is_file():
-        code = vl_convert.javascript_bundle(_BUNDLE_SNIPPET, vl_version=vl)
+        # The bundle declares top-level constants (one is `_`, which Sphinx's
+        # doctools.js also declares): a function scope keeps them off the page's
+        # global scope; only the three libraries are exported, by the snippet.
+        code = "(function () {\n" + vl_convert.javascript_bundle(_BUNDLE_SNIPPET, vl_version=vl) + "\n})();\n"
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(code, encoding="utf-8")

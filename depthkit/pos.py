@@ -254,6 +254,47 @@ def load_pos_files(files: Mapping[str, str | os.PathLike] | str | os.PathLike) -
     return pd.concat(frames, ignore_index=True)
 
 
+def pos_examples(
+    dataset: str | os.PathLike = "embedded",
+    n_per_tag: int = 200,
+    tags: Sequence[str] = TAGS,
+    *,
+    seed: int = 0,
+    min_prefix_words: int = 8,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """The part-of-speech examples a chapter's ``dataset`` parameter asks for.
+
+    * a folder of per-tag ``{"prompt", "answer"}`` files (:func:`load_pos_files`):
+      the requested ``tags`` that have a file, the first ``n_per_tag`` of each;
+    * otherwise a passage source understood by :func:`depthkit.data.resolve_dataset`
+      (``"embedded"``, ``"hf:wikipedia"``, ...), tagged by :func:`pos_dataset`.
+    """
+    tags = _check_tags(tags)
+    if isinstance(dataset, (str, os.PathLike)) and Path(os.fspath(dataset)).expanduser().is_dir():
+        df = load_pos_files(Path(os.fspath(dataset)).expanduser())
+        have = [t for t in tags if t in set(df["tag"])]
+        if not have:
+            raise ValueError(
+                f"The folder {dataset} has files for tags {sorted(set(df['tag']))}, none of the requested {tags}. "
+                "Name the files after the tags (DET.jsonl, ...) or change the tags parameter."
+            )
+        df = df[df["tag"].isin(have)]
+        df = df.assign(tag=pd.Categorical(df["tag"], categories=have, ordered=True))
+        return df.sort_values("tag", kind="stable").groupby("tag", observed=True).head(n_per_tag).astype({"tag": str}).reset_index(drop=True)
+    from depthkit.data import resolve_dataset
+
+    source = resolve_dataset(dataset, default="wikipedia", required=("passage",))
+    if "passage" not in source.columns:
+        raise ValueError(
+            f"dataset {dataset!r} gives columns {list(source.columns)}, not Wikipedia passages. For your own "
+            "examples pass a folder of per-tag files (DET.jsonl, NOUN.jsonl, ... with prompt and answer)."
+        )
+    return pos_dataset(
+        n_per_tag, tags, seed=seed, min_prefix_words=min_prefix_words, passages=source["passage"].tolist(), progress=progress
+    )
+
+
 class FilterResult(NamedTuple):
     """Outcome of :func:`correctness_filter`."""
 

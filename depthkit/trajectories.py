@@ -264,7 +264,7 @@ def decode_residuals(
     """
     n_steps, n_pos = len(plan), resid.shape[1]
     d_vocab = lens.d_vocab
-    # z, its exponentials and one comparison mask are alive at once.
+    # z, its softmax and one comparison mask are alive at once.
     per_pos = n_steps * d_vocab * (4 + 4 + 1)
     chunk = max(1, int(budget_mb * 2**20 // per_pos))
     n_extra = 0 if extra_targets is None else extra_targets.shape[1]
@@ -287,13 +287,11 @@ def decode_residuals(
         top_v, top_i = z.topk(top_k, dim=-1)
         t_logit = z.gather(-1, tgt.unsqueeze(0).expand(n_steps, -1, -1))
         rank = torch.stack([(z > t_logit[..., j : j + 1]).sum(-1) for j in range(tgt.shape[1])], -1) + 1
-        m = z.amax(-1, keepdim=True)
-        e = torch.exp(z - m)
-        s = e.sum(-1)
-        lse = m.squeeze(-1) + torch.log(s)
-        ez = torch.einsum("scv,scv->sc", e, z) / s
-        del e
-        entropy = lse - ez
+        p = torch.softmax(z, -1)  # one fused pass, cheaper than exp + logsumexp
+        # log-normaliser from the top-1 entry, whose probability never underflows
+        lse = top_v[..., 0] - torch.log(p.gather(-1, top_i[..., :1]).squeeze(-1))
+        entropy = lse - torch.einsum("scv,scv->sc", p, z)
+        del p
         cross = torch.einsum("cv,scv->sc", pf, z)  # Σ p_final · z
         kl = (neg_h_f[None] - cross + lse).clamp_min(0.0)
         del z

@@ -505,7 +505,7 @@ def _adam(
             kl = neg_entropy - (p * logq).sum(-1)
             loss = (w * kl).sum() / L
             gA[l], gb[l] = torch.autograd.grad(loss, (A, b))
-            total += float(loss) * L
+            total += float(loss.detach()) * L
         # Clip each layer's gradient on its own: layers are independent problems.
         norms = (gA.flatten(1).square().sum(1) + gb.square().sum(1)).sqrt()
         scale = (cfg.grad_clip / (norms + 1e-12)).clamp(max=1.0)

@@ -151,3 +151,20 @@ def test_greedy_next_tokens_independent_of_batching(tiny_llama):
     one = pos.greedy_next_tokens(tiny_llama, prompts, batch_size=1, progress=False)
     many = pos.greedy_next_tokens(tiny_llama, prompts, batch_size=3, progress=False)
     np.testing.assert_array_equal(one, many)
+
+
+def test_pos_examples_from_a_folder_or_a_passage_file(nlp, tmp_path, monkeypatch):
+    monkeypatch.setenv("DEPTHKIT_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "tags"
+    folder.mkdir()
+    (folder / "NOUN.jsonl").write_text("\n".join(json.dumps({"prompt": f"p{i}", "answer": f" a{i}"}) for i in range(3)))
+    (folder / "DET.jsonl").write_text(json.dumps({"prompt": "I saw", "answer": " a"}))
+    df = pos.pos_examples(folder, 2, ["DET", "NOUN", "ADJ"])
+    assert df["tag"].tolist() == ["DET", "NOUN", "NOUN"]  # requested order, capped, ADJ has no file
+    with pytest.raises(ValueError, match="none of the requested"):
+        pos.pos_examples(folder, 2, ["VERB"])
+    passages = tmp_path / "passages.jsonl"
+    passages.write_text("\n".join(json.dumps({"passage": p}) for p in PASSAGES))
+    got = pos.pos_examples(passages, 2, ["DET", "NOUN"], progress=False)
+    want = pos.pos_dataset(2, ["DET", "NOUN"], passages=PASSAGES, nlp=nlp, cache=False, progress=False)
+    pd.testing.assert_frame_equal(got, want)

@@ -1,0 +1,141 @@
+"""The ``depthkit`` command line.
+
+    depthkit book --model smollm2-135m [--smoke] [--chapters 00,01] [--force]
+    depthkit run 04 --model smollm2-135m -p n_prompts=50 [-p ...]
+    depthkit list
+    depthkit results
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from depthkit import book
+from depthkit.chapters import CHAPTERS, Chapter, available_chapters, chapter
+from depthkit.models import DEFAULT_MODEL
+
+
+def _select(spec: str | None) -> list[Chapter]:
+    if not spec:
+        found = available_chapters()
+        if not found:
+            print("depthkit: no chapter notebook exists under notebooks/; building the book without chapters.")
+        return found
+    selected = []
+    for key in spec.split(","):
+        try:
+            ch = chapter(key)
+        except KeyError as err:
+            raise book.BookError(err.args[0]) from None
+        if not ch.notebook.is_file():
+            raise book.BookError(f"Chapter {ch.id} ({ch.title}) has no notebook yet ({ch.notebook}).")
+        selected.append(ch)
+    return selected
+
+
+def _results_root(arg: str | None) -> Path:
+    return Path(arg or os.environ.get("DEPTHKIT_RESULTS") or book.ROOT / "results").resolve()
+
+
+def _cmd_book(args: argparse.Namespace) -> int:
+    book.build_book(
+        model=args.model,
+        chapters=_select(args.chapters),
+        smoke=args.smoke,
+        force=args.force,
+        results_root=_results_root(args.results),
+        progress=sys.stderr.isatty(),
+    )
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    (ch,) = _select(args.chapter)
+    try:
+        extra = book.parse_params(args.param or [])
+    except ValueError as err:
+        raise book.BookError(str(err)) from None
+    params = book.chapter_params(ch, args.model, _results_root(args.results), smoke=args.smoke, extra=extra)
+    print(f"depthkit run: chapter {ch.id} ({ch.title}) with {params}")
+    result = book.execute_chapter(
+        ch, params, book.ROOT / "book" / "chapters", force=True, progress=sys.stderr.isatty(), work_dir=book.ROOT / "_build"
+    )
+    print(f"done in {result.elapsed_s:.1f} s; executed notebook: {result.notebook}")
+    return 0
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    out_dir = book.ROOT / "book" / "chapters"
+    for ch in CHAPTERS.values():
+        if not ch.notebook.is_file():
+            state = "no notebook yet"
+        else:
+            stamp = book.read_stamp(book.output_paths(out_dir, ch.slug)[1])
+            if stamp is None:
+                state = "not executed"
+            else:
+                model = stamp.get("params", {}).get("model", "?")
+                state = f"executed {stamp.get('finished', '?')} on {model} ({stamp.get('elapsed_s', '?')} s)"
+        print(f"{ch.id}  {ch.title:<52} {state}")
+    return 0
+
+
+def _cmd_results(args: argparse.Namespace) -> int:
+    from depthkit.results import list_runs
+
+    runs = list_runs(_results_root(args.results))
+    if len(runs) == 0:
+        print(f"No complete runs under {_results_root(args.results)}.")
+    else:
+        print(runs.to_string(index=False))
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="depthkit", description="Run the chapters of the book and build it.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    results_help = "results folder (default: $DEPTHKIT_RESULTS or ./results of the repository)"
+    p = sub.add_parser("book", help="execute every chapter with papermill and build the HTML book")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"model name or hub id (default {DEFAULT_MODEL})")
+    p.add_argument("--smoke", action="store_true", help="use each chapter's tiny smoke parameters")
+    p.add_argument("--chapters", help="comma-separated chapter ids, e.g. 00,01 (default: every chapter)")
+    p.add_argument("--force", action="store_true", help="execute chapters even if unchanged since their last run")
+    p.add_argument("--results", help=results_help)
+    p.set_defaults(func=_cmd_book)
+
+    p = sub.add_parser("run", help="execute one chapter into book/chapters/")
+    p.add_argument("chapter", help="chapter id or slug, e.g. 04")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"model name or hub id (default {DEFAULT_MODEL})")
+    p.add_argument("-p", "--param", action="append", metavar="KEY=VALUE", help="parameter, value read as YAML")
+    p.add_argument("--smoke", action="store_true", help="start from the chapter's smoke parameters")
+    p.add_argument("--results", help=results_help)
+    p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("list", help="list the chapters and their last run")
+    p.set_defaults(func=_cmd_list)
+
+    p = sub.add_parser("results", help="list the complete result runs")
+    p.add_argument("--results", help=results_help)
+    p.set_defaults(func=_cmd_results)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except book.BookError as err:
+        print(f"depthkit {args.command}: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"depthkit {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

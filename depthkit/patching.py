@@ -1,0 +1,298 @@
+"""Activation patching of the residual stream at one layer and the last position.
+
+The experiment of PAPER.md item 6: run a *source* prompt, take its residual
+stream at layer ℓ at the last position, write that vector into a *target* prompt
+at the same layer and position, finish the target's forward pass and look at what
+it predicts. Layers follow :mod:`depthkit.lenses`: ℓ = 0 is the embedding output
+(hook ``blocks.0.hook_resid_pre``), ℓ = i the input of block i, ℓ = L the final
+residual (``blocks.{L-1}.hook_resid_post``), so patching ℓ = L replaces the
+target's output by the source's.
+
+Only the last position is patched, and attention is causal, so the earlier
+positions of the target are unaffected; the patched vector is read again by every
+block after ℓ, with the target's own context around it.
+
+Every (pair, layer) is one row of a batched forward pass: rows are sorted by
+length and padded on the right (with an attention mask, as in
+:func:`depthkit.trajectories.collect_residuals`), and the readout at the last
+position goes through the model's own final norm and unembedding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from depthkit.lenses import LogitLens
+from depthkit.trajectories import Item, TokenNames, _pad_id, collect_residuals, encode, residual_hook_names
+from depthkit.models import tokenizer_of
+
+CLASSES = ("target-option", "source-option", "other")
+FOLLOWS = ("target", "source", "both", "neither")
+
+TokensLike = str | Sequence[int]
+
+
+def _ids(model, x: TokensLike) -> list[int]:
+    if isinstance(x, str):
+        return encode(model, x)
+    ids = [int(i) for i in x]
+    if not ids:
+        raise ValueError("A prompt has no tokens; remove empty prompts.")
+    return ids
+
+
+def _check_layers(layers: Sequence[int], n_blocks: int) -> list[int]:
+    out = [int(l) for l in layers]
+    bad = [l for l in out if not 0 <= l <= n_blocks]
+    if bad:
+        raise ValueError(f"Layers {bad} are outside 0..{n_blocks} (0 = embeddings, {n_blocks} = final residual).")
+    return out
+
+
+@torch.no_grad()
+def patched_logits(
+    model,
+    targets: Sequence[Sequence[int]],
+    layers: Sequence[int],
+    vectors: Float[Tensor, "row d_model"],
+    *,
+    batch_size: int = 16,
+    progress: bool = False,
+) -> Float[Tensor, "row d_vocab"]:
+    """Next-token logits at the last position of each target after writing
+    ``vectors[r]`` into the residual stream of ``targets[r]`` at layer ``layers[r]``
+    (last position). Rows are independent; results keep the input order."""
+    n = len(targets)
+    if not (len(layers) == n == vectors.shape[0]):
+        raise ValueError(f"Give one layer and one vector per target: {n} targets, {len(layers)} layers, {vectors.shape[0]} vectors.")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
+    n_blocks = int(model.cfg.n_layers)
+    layers = _check_layers(layers, n_blocks)
+    names = residual_hook_names(n_blocks)
+    device = next(model.parameters()).device
+    readout = LogitLens(model).readout
+    order = sorted(range(n), key=lambda r: len(targets[r]))
+    out = torch.empty((n, int(model.cfg.d_vocab)), dtype=torch.float32)
+    bar = tqdm(total=n, desc="patching", unit="run", disable=not progress, leave=False)
+    for start in range(0, n, batch_size):
+        rows = order[start : start + batch_size]
+        width = max(len(targets[r]) for r in rows)
+        tokens = torch.full((len(rows), width), _pad_id(model), dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for b, r in enumerate(rows):
+            tokens[b, : len(targets[r])] = torch.tensor(list(targets[r]))
+            mask[b, : len(targets[r])] = 1
+        last = torch.tensor([len(targets[r]) - 1 for r in rows], device=device)
+        batch_layers = np.array([layers[r] for r in rows])
+        vec = vectors[rows].to(device=device)
+        final: dict[str, Tensor] = {}
+
+        def hook_for(depth: int):
+            sel = torch.tensor(np.flatnonzero(batch_layers == depth), device=device, dtype=torch.long)
+
+            def hook(x, hook):  # noqa: ARG001 - TransformerLens hook signature
+                if len(sel):
+                    x = x.clone()
+                    x[sel, last[sel]] = vec[sel].to(x.dtype)
+                if depth == n_blocks:
+                    # The patch (if any) comes first, so a layer-L patch is what is read out.
+                    final["h"] = x[torch.arange(len(rows), device=device), last].float()
+                return x
+
+            return hook
+
+        depths = sorted(set(batch_layers.tolist()) | {n_blocks})
+        model.run_with_hooks(
+            tokens.to(device), attention_mask=mask.to(device), fwd_hooks=[(names[d], hook_for(d)) for d in depths], logits_to_keep=1
+        )
+        out[rows] = readout(final["h"]).float().cpu()
+        bar.update(len(rows))
+    bar.close()
+    return out
+
+
+def derangement(n: int, seed: int = 0) -> np.ndarray:
+    """A random permutation of ``range(n)`` with no fixed point: ``perm[i] != i``, so
+    every target gets a *different* prompt of its own task as a random source."""
+    if n < 2:
+        raise ValueError(f"A random-source control needs at least 2 prompts of the task, got {n}.")
+    rng = np.random.default_rng(seed)
+    while True:
+        perm = rng.permutation(n)
+        if not (perm == np.arange(n)).any():
+            return perm
+
+
+def _option_sets(options: Sequence[int] | Sequence[Sequence[int]], n: int, what: str) -> list[list[int]]:
+    if len(options) == 0:
+        raise ValueError(f"{what} is empty; give the option token ids.")
+    if isinstance(options[0], (int, np.integer)):
+        return [[int(o) for o in options]] * n  # type: ignore[union-attr]
+    if len(options) != n:
+        raise ValueError(f"{what}: give one id list shared by all pairs, or one list per pair ({n}), not {len(options)}.")
+    return [[int(o) for o in opts] for opts in options]  # type: ignore[union-attr]
+
+
+@torch.no_grad()
+def patching_sweep(
+    model,
+    sources: Sequence[TokensLike],
+    targets: Sequence[TokensLike],
+    *,
+    target_options: Sequence[int] | Sequence[Sequence[int]],
+    source_options: Sequence[int] | Sequence[Sequence[int]],
+    layers: Sequence[int] | None = None,
+    batch_size: int = 16,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """Patch ``sources[i]`` into ``targets[i]`` at every layer of ``layers`` (default
+    0..L) and classify what the target then predicts.
+
+    ``target_options`` / ``source_options``: option token ids of each task (one list
+    for all pairs, or one list per pair). A token in both sets counts as a
+    target option.
+
+    Returns one row per (pair, layer): ``pair, layer, output_id, output_token,
+    output_prob, class`` (target-option / source-option / other),
+    ``p_target_options`` and ``p_source_options`` (probability mass on each set),
+    and ``follows``: whether the output equals the target's own unpatched output
+    (``target``), the source's (``source``), both, or neither.
+    """
+    if len(sources) != len(targets):
+        raise ValueError(f"Give one source per target: {len(sources)} sources, {len(targets)} targets.")
+    if len(targets) == 0:
+        raise ValueError("No pairs given.")
+    n_blocks = int(model.cfg.n_layers)
+    layers = list(range(n_blocks + 1)) if layers is None else _check_layers(layers, n_blocks)
+    n = len(targets)
+    t_opts = _option_sets(target_options, n, "target_options")
+    s_opts = _option_sets(source_options, n, "source_options")
+    src_ids = [_ids(model, s) for s in sources]
+    tgt_ids = [_ids(model, t) for t in targets]
+    readout = LogitLens(model).readout
+
+    depths = sorted(set(layers) | {n_blocks})
+    src_resid = []  # [depth, pair, d_model] per batch
+    for start in range(0, n, batch_size):
+        chunk = [Item(ids, [len(ids) - 1]) for ids in src_ids[start : start + batch_size]]
+        src_resid.append(collect_residuals(model, chunk, depths))
+    src_resid_t = torch.cat(src_resid, 1)
+    tgt_final = torch.cat(
+        [
+            collect_residuals(model, [Item(ids, [len(ids) - 1]) for ids in tgt_ids[s : s + batch_size]], [n_blocks])
+            for s in range(0, n, batch_size)
+        ],
+        1,
+    )[0]
+    src_out = readout(src_resid_t[depths.index(n_blocks)]).argmax(-1).cpu().numpy()
+    tgt_out = readout(tgt_final).argmax(-1).cpu().numpy()
+
+    pair_idx = np.repeat(np.arange(n), len(layers))
+    layer_col = np.tile(np.array(layers), n)
+    vectors = src_resid_t[[depths.index(l) for l in layer_col], pair_idx]
+    logits = patched_logits(
+        model, [tgt_ids[p] for p in pair_idx], layer_col.tolist(), vectors, batch_size=batch_size, progress=progress
+    )
+    probs = torch.softmax(logits, -1)
+    out_id = probs.argmax(-1).numpy()
+    out_p = probs.max(-1).values.numpy()
+    p_t = np.array([probs[r, t_opts[p]].sum().item() for r, p in enumerate(pair_idx)])
+    p_s = np.array([probs[r, s_opts[p]].sum().item() for r, p in enumerate(pair_idx)])
+    cls = np.array(
+        [
+            "target-option" if o in t_opts[p] else "source-option" if o in s_opts[p] else "other"
+            for o, p in zip(out_id.tolist(), pair_idx.tolist())
+        ],
+        dtype=object,
+    )
+    same_t = out_id == tgt_out[pair_idx]
+    same_s = out_id == src_out[pair_idx]
+    follows = np.where(same_t & same_s, "both", np.where(same_t, "target", np.where(same_s, "source", "neither")))
+    return pd.DataFrame(
+        {
+            "pair": pair_idx.astype(np.int64),
+            "layer": layer_col.astype(np.int64),
+            "output_id": out_id.astype(np.int64),
+            "output_token": TokenNames(tokenizer_of(model))(out_id),
+            "output_prob": out_p,
+            "class": cls,
+            "p_target_options": p_t,
+            "p_source_options": p_s,
+            "follows": follows.astype(object),
+        }
+    )
+
+
+def class_shares(sweep: pd.DataFrame, column: str = "class") -> pd.DataFrame:
+    """Share of pairs in each category of ``column`` per layer (every category of
+    :data:`CLASSES` or :data:`FOLLOWS` present, zeros included): ``[layer, <column>, share, n]``."""
+    if column not in sweep.columns or "layer" not in sweep.columns:
+        raise ValueError(f"The sweep frame needs columns 'layer' and {column!r}; it has {list(sweep.columns)}.")
+    cats = CLASSES if column == "class" else FOLLOWS if column == "follows" else tuple(sorted(sweep[column].unique()))
+    counts = pd.crosstab(sweep["layer"], sweep[column]).reindex(columns=list(cats), fill_value=0)
+    n = counts.sum(axis=1)
+    out = (counts.div(n, axis=0)).stack().rename("share").reset_index()
+    out.columns = ["layer", column, "share"]
+    out["n"] = out["layer"].map(n).astype(np.int64)
+    return out
+
+
+def _transition_from_matrix(to: np.ndarray, against: np.ndarray, layers: np.ndarray) -> float:
+    """``to``/``against``: [pair, layer] 0/1 indicators. Earliest layer from which the
+    share of ``to`` exceeds that of ``against`` at every later layer."""
+    ahead = to.mean(0) > against.mean(0)
+    if not ahead[-1]:
+        return float("nan")
+    behind = np.flatnonzero(~ahead)
+    first = 0 if len(behind) == 0 else behind[-1] + 1
+    return float(layers[first])
+
+
+def transition_layer(
+    sweep: pd.DataFrame,
+    *,
+    column: str = "class",
+    to: str = "source-option",
+    against: str = "target-option",
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> dict[str, float]:
+    """The layer where patching starts to carry the source's answer: the earliest
+    layer from which the share of pairs whose output is ``to`` stays above the share
+    that is ``against`` at every later layer (NaN if that never holds at the last
+    layer swept). The interval resamples pairs (percentile bootstrap,
+    :func:`depthkit.metrics.bootstrap_ci`).
+
+    For a random-source control of the same task use ``column="follows", to="source",
+    against="target"``.
+    """
+    from depthkit.metrics import bootstrap_ci
+
+    need = {"pair", "layer", column}
+    if not need <= set(sweep.columns):
+        raise ValueError(f"The sweep frame needs columns {sorted(need)}; it has {list(sweep.columns)}.")
+    wide = sweep.pivot(index="pair", columns="layer", values=column).sort_index(axis=1)
+    if wide.isna().any().any():
+        raise ValueError("Every pair needs a row at every layer swept.")
+    layers = wide.columns.to_numpy()
+    to_m = (wide.to_numpy() == to).astype(float)
+    ag_m = (wide.to_numpy() == against).astype(float)
+
+    def stat(idx: np.ndarray) -> float:
+        i = idx.astype(np.int64)
+        return _transition_from_matrix(to_m[i], ag_m[i], layers)
+
+    # A resample in which the shares never cross gives NaN, and then so does the
+    # interval: an interval never hides that the crossing is unstable.
+    ci = bootstrap_ci(np.arange(len(wide), dtype=float), stat=stat, n_boot=n_boot, seed=seed, level=level, dropna=False)
+    return {"transition_layer": ci.estimate, "lo": ci.lo, "hi": ci.hi, "n_pairs": int(len(wide))}
+

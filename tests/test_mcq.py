@@ -1,0 +1,156 @@
+"""Multiple-choice prompts and the option collection / reasoning analysis."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from depthkit import data as dkdata
+from depthkit.mcq import (
+    SYMBOLS,
+    accuracy,
+    add_option_ids,
+    build_prompts,
+    collection_reasoning,
+    first_layer_reaching,
+    layer_estimates,
+    load_mcq_file,
+    option_ranks,
+    per_item,
+    render,
+    Example,
+)
+
+
+def _frame(spec):
+    """spec: {item: (gold, [[rank, prob] per option] per layer)} -> rank frame."""
+    rows = []
+    for item, (task, gold, layers) in spec.items():
+        for layer, opts in enumerate(layers):
+            for o, (rank, prob) in enumerate(opts):
+                rows.append(dict(task=task, item=item, layer=layer, option=o, rank=rank, prob=prob, is_gold=o == gold))
+    return pd.DataFrame(rows)
+
+
+HAND = _frame(
+    {
+        # item 0: options collected from layer 1, choice settles on option 1 at layer 2
+        0: ("t", 1, [[(50, 0.01), (90, 0.0)], [(1, 0.3), (2, 0.2)], [(2, 0.2), (1, 0.5)], [(2, 0.1), (1, 0.8)]]),
+        # item 1: never collected (option 1 stays far), answer option 0 throughout, gold 1
+        1: ("t", 1, [[(3, 0.2), (400, 0.0)], [(1, 0.6), (7, 0.01)], [(1, 0.7), (9, 0.01)], [(1, 0.9), (5, 0.02)]]),
+    }
+)
+
+
+def test_per_item_and_shares_by_hand():
+    p = per_item(HAND)
+    assert p[p.item == 0]["collected"].tolist() == [False, True, True, True]
+    assert p[p.item == 1]["collected"].tolist() == [False, False, False, False]
+    assert p[p.item == 0]["choice"].tolist() == [0, 0, 1, 1]
+    assert (p[p.item == 0]["answer"] == 1).all() and (p[p.item == 1]["answer"] == 0).all()
+    s = collection_reasoning(HAND)
+    assert s["collected_share"].tolist() == [0.0, 0.5, 0.5, 0.5]
+    assert s["final_share"].tolist() == [0.5, 0.5, 1.0, 1.0]
+    assert s["gold_share"].tolist() == [0.0, 0.0, 0.5, 0.5]
+    assert s["mass"].iloc[3] == pytest.approx(((0.1 + 0.8) + (0.9 + 0.02)) / 2)
+    acc = accuracy(HAND)
+    assert acc["accuracy"].iloc[0] == 0.5
+
+
+def test_layer_estimates_by_hand():
+    est = layer_estimates(HAND, n_boot=200).iloc[0]
+    assert est.collection_layer == 1  # half of the peak share (0.5) is reached at layer 1
+    assert est.peak_collected_share == 0.5
+    assert est.decision_layer == 2  # agreement with the answer is 1.0 from layer 2 on
+    assert est.decision_lo <= 2 <= est.decision_hi
+    assert est.n_layers == 3
+
+
+def test_first_layer_reaching():
+    layers = np.array([0, 1, 2, 3, 4])
+    curve = np.array([0.1, 0.95, 0.5, 0.92, 1.0])
+    assert first_layer_reaching(curve, layers, 0.9, stay=False) == 1
+    assert first_layer_reaching(curve, layers, 0.9, stay=True) == 3
+    assert np.isnan(first_layer_reaching(curve * 0.5, layers, 0.9, stay=True))
+
+
+def test_bad_rank_frame_raises():
+    with pytest.raises(ValueError, match="lacks columns"):
+        per_item(HAND.drop(columns="prob"))
+    with pytest.raises(ValueError, match="duplicate"):
+        per_item(pd.concat([HAND, HAND.head(1)]))
+
+
+def test_render_letters_and_verbalisers():
+    ex = Example("Review: good", "Sentiment", ("negative", "positive"), 1)
+    text, opts, gold = render(ex, None, [1, 0])
+    assert text.endswith("Sentiment (positive or negative):") and opts == [" negative", " positive"] and gold == 1
+    text, opts, gold = render(ex, ("A", "B"), [1, 0])
+    assert "A. positive\nB. negative\nAnswer:" in text and opts == [" A", " B"] and gold == 0
+
+
+@pytest.mark.parametrize("task", ["mmlu", "sst2", "mrpc", "rte"])
+def test_build_prompts_never_uses_the_evaluated_example_as_demo(task):
+    f = build_prompts(task, 6, shots=4, seed=3)
+    assert len(f) == 6 and f["prompt"].is_unique
+    for prompt, opts, gold in zip(f.prompt, f.options, f.gold):
+        head, last = prompt.rsplit("\n\n", 1)
+        assert last not in head  # the question is not among the demonstrations
+        assert 0 <= gold < len(opts)
+        assert prompt.endswith(":")
+        # four demonstrations, each closed by an option continuation
+        assert sum(head.count(f"{o}\n\n") for o in opts) + sum(head.endswith(o) for o in opts) == 4
+    if task != "mmlu":
+        pool = dkdata.glue(task)
+        assert (f["gold"].to_numpy() == pool.label.to_numpy()[f["example"].to_numpy()]).all()
+
+
+def test_symbols_and_permutation_keep_the_gold_option():
+    plain = build_prompts("mmlu", 8, seed=1)
+    perm = build_prompts("mmlu", 8, seed=1, labels="symbols", permute=True)
+    assert (plain.example == perm.example).all()
+    mm = dkdata.mmlu(split="test")
+    for (_, a), (_, b) in zip(plain.iterrows(), perm.iterrows()):
+        choices = mm.choices.iloc[a.example]
+        assert f"{a.options[a.gold].strip()}. {choices[mm.answer.iloc[a.example]]}" in a.prompt.rsplit("\n\n", 1)[1]
+        assert f"{b.options[b.gold].strip()}. {choices[mm.answer.iloc[b.example]]}" in b.prompt.rsplit("\n\n", 1)[1]
+        assert b.options == [f" {s}" for s in SYMBOLS]
+    assert (perm.gold != plain.gold).any()
+
+
+def test_user_file(tmp_path):
+    path = tmp_path / "mc.jsonl"
+    recs = [{"prompt": "2 + 2 =", "options": [" 4", " 5"], "answer": " 4"}, {"prompt": "Sky:", "options": [" blue", " red"], "answer": 1}]
+    path.write_text("\n".join(json.dumps(r) for r in recs))
+    f = load_mcq_file(path)
+    assert f["gold"].tolist() == [0, 1] and f["task"].tolist() == ["file", "file"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "x", "options": [" a", " b"], "answer": " c"}))
+    with pytest.raises(dkdata.DataError, match="neither one of the options"):
+        load_mcq_file(bad)
+
+
+def test_option_ranks_on_tiny_model(tiny_llama):
+    # Short prompts and words the tiny tokenizer knows (its context is 256 tokens).
+    f = pd.DataFrame(
+        {
+            "task": ["a", "a", "b"],
+            "example": [0, 1, 2],
+            "prompt": ["The cat sat on the", "The dog lay by", "Water boils at"],
+            "options": [[" the", " cat"], [" the", " cat"], [" the", " door"]],
+            "gold": [0, 1, 1],
+        }
+    )
+    f = add_option_ids(tiny_llama, f)
+    r = option_ranks(tiny_llama, f, lens="logit", progress=False)
+    L = tiny_llama.cfg.n_layers
+    assert len(r) == 3 * (L + 1) * 2
+    assert r.groupby("item")["is_gold"].sum().eq(L + 1).all()
+    s = collection_reasoning(r)
+    assert s[s.layer == L]["final_share"].eq(1.0).all()
+    same = pd.DataFrame({"task": ["x"], "prompt": ["a"], "options": [[" a", " a"]], "gold": [0], "example": [0]})
+    with pytest.raises(ValueError, match="share a first token"):
+        add_option_ids(tiny_llama, same)

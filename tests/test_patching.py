@@ -1,0 +1,187 @@
+"""Activation patching and early exit against identities and an independent
+Hugging Face computation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import depthkit as dk
+from depthkit.early_exit import early_exit_table, exit_logits
+from depthkit.lenses import LogitLens
+from depthkit.models import _build_tiny
+from depthkit.patching import class_shares, derangement, patched_logits, patching_sweep, transition_layer
+from depthkit.trajectories import Item, collect_residuals
+
+SOURCES = ["The cat sat on the mat and", "Water boils at one hundred", "A quick brown fox"]
+TARGETS = ["In 1905 Albert Einstein wrote", "The dog lay by the door of the", "Paris is a city"]
+
+
+def _last(model, texts):
+    return [Item(dk.encode(model, t), [len(dk.encode(model, t)) - 1]) for t in texts]
+
+
+def _unpatched(model, text):
+    ids = torch.tensor([dk.encode(model, text)])
+    with torch.no_grad():
+        return model(ids)[0, -1]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "neox", "gemma3"])
+def test_patching_own_residual_changes_nothing(tiny_models, arch):
+    model = tiny_models[arch]
+    L = model.cfg.n_layers
+    items = _last(model, TARGETS)
+    resid = collect_residuals(model, items)  # [depth, target, d]
+    layers = [l for l in range(L + 1) for _ in TARGETS]
+    rows = [i for _ in range(L + 1) for i in range(len(TARGETS))]
+    vec = resid[layers, rows]
+    got = patched_logits(model, [items[r].tokens for r in rows], layers, vec, batch_size=5)
+    for k, r in enumerate(rows):
+        assert (got[k] - _unpatched(model, TARGETS[r])).abs().max().item() < 1e-4
+
+
+def test_patching_last_layer_copies_source_output(tiny_llama):
+    model = tiny_llama
+    L = model.cfg.n_layers
+    src = collect_residuals(model, _last(model, SOURCES), [L])[0]
+    got = patched_logits(model, [dk.encode(model, t) for t in TARGETS], [L] * 3, src)
+    for k, s in enumerate(SOURCES):
+        assert (got[k] - _unpatched(model, s)).abs().max().item() < 1e-4
+
+
+def test_patching_layer0_with_target_embedding_changes_nothing(tiny_llama):
+    model = tiny_llama
+    items = _last(model, TARGETS)
+    emb = collect_residuals(model, items, [0])[0]
+    got = patched_logits(model, [it.tokens for it in items], [0, 0, 0], emb)
+    for k, t in enumerate(TARGETS):
+        assert (got[k] - _unpatched(model, t)).abs().max().item() < 1e-4
+
+
+def test_patching_a_different_vector_changes_the_output(tiny_llama):
+    model = tiny_llama
+    src = collect_residuals(model, _last(model, SOURCES), [2])[0]
+    got = patched_logits(model, [dk.encode(model, t) for t in TARGETS], [2, 2, 2], src)
+    assert (got[0] - _unpatched(model, TARGETS[0])).abs().max().item() > 1e-2
+
+
+@pytest.mark.parametrize("layer", [1, 2, 3])
+def test_patched_run_matches_independent_hf_forward(tiny_llama, layer):
+    """A fresh Hugging Face model with the same weights, patched with a forward
+    pre-hook on its decoder layer (no TransformerLens involved)."""
+    model = tiny_llama
+    hf, _ = _build_tiny("llama", seed=0, n_layers=model.cfg.n_layers)
+    hf.eval()
+    src_ids = torch.tensor([dk.encode(model, SOURCES[1])])
+    tgt_ids = torch.tensor([dk.encode(model, TARGETS[0])])
+    with torch.no_grad():
+        src_h = hf(src_ids, output_hidden_states=True).hidden_states[layer][0, -1].clone()
+
+    def pre_hook(module, args, kwargs):
+        h = (kwargs.get("hidden_states") if "hidden_states" in kwargs else args[0]).clone()
+        h[0, -1] = src_h
+        if "hidden_states" in kwargs:
+            kwargs["hidden_states"] = h
+            return args, kwargs
+        return (h, *args[1:]), kwargs
+
+    handle = hf.model.layers[layer].register_forward_pre_hook(pre_hook, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            expected = hf(tgt_ids).logits[0, -1]
+    finally:
+        handle.remove()
+    sweep_vec = collect_residuals(model, _last(model, [SOURCES[1]]), [layer])[0]
+    got = patched_logits(model, [tgt_ids[0].tolist()], [layer], sweep_vec)[0]
+    assert (got - expected).abs().max().item() < 1e-4
+    assert (expected - _unpatched(model, TARGETS[0])).abs().max().item() > 1e-3  # the patch mattered
+
+
+def test_patching_sweep_frame_and_classes(tiny_llama):
+    model = tiny_llama
+    L = model.cfg.n_layers
+    t_opts, s_opts = [10, 11, 12], [20, 21]
+    df = patching_sweep(model, SOURCES, TARGETS, target_options=t_opts, source_options=s_opts, progress=False)
+    assert len(df) == len(TARGETS) * (L + 1)
+    assert set(df["class"]) <= {"target-option", "source-option", "other"}
+    top = df[df.layer == L]
+    src_out = [int(_unpatched(model, s).argmax()) for s in SOURCES]
+    assert top.sort_values("pair")["output_id"].tolist() == src_out
+    assert set(top["follows"]) <= {"source", "both"}
+    bottom = df[df.layer == 0]
+    # layer 0 carries only the source's last token embedding: check against a manual run
+    for _, row in bottom.iterrows():
+        cls = "target-option" if row.output_id in t_opts else "source-option" if row.output_id in s_opts else "other"
+        assert row["class"] == cls
+    probs = torch.softmax(_unpatched(model, SOURCES[0]), -1)
+    assert top[top.pair == 0]["p_source_options"].iloc[0] == pytest.approx(probs[s_opts].sum().item(), abs=1e-5)
+    shares = class_shares(df)
+    assert np.allclose(shares.groupby("layer")["share"].sum(), 1.0)
+
+
+def test_transition_layer_on_a_hand_made_sweep():
+    rows = []
+    for pair in range(10):
+        for layer in range(6):
+            cls = "source-option" if layer >= 3 + (pair % 2) else "target-option"
+            rows.append({"pair": pair, "layer": layer, "class": cls})
+    df = pd.DataFrame(rows)
+    out = transition_layer(df, n_boot=200)
+    # half the pairs switch at 3, half at 4: at layer 3 the shares tie (not ahead) -> 4
+    assert out["transition_layer"] == 4
+    assert 3 <= out["lo"] <= out["hi"] <= 5
+    never = df.assign(**{"class": "target-option"})
+    assert np.isnan(transition_layer(never, n_boot=50)["transition_layer"])
+
+
+def test_derangement_has_no_fixed_point():
+    for seed in range(20):
+        p = derangement(5, seed)
+        assert sorted(p.tolist()) == list(range(5)) and not (p == np.arange(5)).any()
+    with pytest.raises(ValueError):
+        derangement(1)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_truncated_forward_matches_the_sweep_and_full_model(tiny_models, arch):
+    model = tiny_models[arch]
+    L = model.cfg.n_layers
+    lens = LogitLens(model)
+    items = _last(model, TARGETS)
+    full = exit_logits(model, items, L, lens=lens)
+    for k, t in enumerate(TARGETS):
+        assert (full[k] - _unpatched(model, t)).abs().max().item() < 1e-4
+    resid = collect_residuals(model, items)
+    for layer in range(L):
+        got = exit_logits(model, items, layer, lens=lens)
+        assert (got - lens(resid[layer], layer)).abs().max().item() < 1e-4
+
+
+def test_early_exit_table(tiny_llama):
+    model = tiny_llama
+    L = model.cfg.n_layers
+    gold = [5, 6, 7]
+    opts = {"opt0": [5, 6, 7], "opt1": [8, 9, 10]}
+    traj = dk.trajectories(model, TARGETS, targets={"gold": gold, **opts}, progress=False)
+    tab = early_exit_table(traj, gold="gold", options=["opt0", "opt1"])
+    assert tab["layer"].tolist() == list(range(L + 1))
+    assert tab["compute_fraction"].iloc[-1] == 1.0 and tab["compute_fraction"].iloc[0] == 0.0
+    last = tab.iloc[-1]
+    assert last.agreement == 1.0 and last.choice_agreement == 1.0
+    # by hand at layer 1
+    lens = LogitLens(model)
+    resid = collect_residuals(model, _last(model, TARGETS))
+    z = lens(resid[1], 1)
+    final = lens(resid[L], None)
+    agree = (z.argmax(-1) == final.argmax(-1)).float().mean().item()
+    acc = np.mean([int(z[i].argmax()) == gold[i] for i in range(3)])
+    choice = [int(z[i, [opts["opt0"][i], opts["opt1"][i]]].argmax()) for i in range(3)]
+    row = tab[tab.layer == 1].iloc[0]
+    assert row.agreement == pytest.approx(agree)
+    assert row.accuracy == pytest.approx(acc)
+    assert row.choice_accuracy == pytest.approx(np.mean([c == 0 for c in choice]))
+    with pytest.raises(ValueError):
+        exit_logits(model, TARGETS, L + 1, lens=lens)

@@ -1,0 +1,244 @@
+"""Tuned lens: training, identity start, saved files and their refusals (tiny models)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+import torch
+
+import depthkit as dk
+from depthkit.lenses import LogitLens, resolve_lens
+from depthkit.trajectories import trajectories
+from depthkit.tuned_lens import (
+    LensFileError,
+    TunedLens,
+    _Readout,
+    get_tuned_lens,
+    heldout_metrics,
+    lens_path,
+    load_lens,
+    resolve_config,
+    save_lens,
+    train_tuned_lens,
+)
+
+TEXT = [
+    "The river flows through the old town and past the church, where the market is held on Sundays. "
+    "In the summer the streets fill with visitors who come to see the bridge and the castle above it.",
+    "A library is a collection of books and other materials kept for reading and study. Many cities "
+    "have a public library, and most universities keep one for their students and staff.",
+    "The cat sat on the mat, and the dog lay by the door. She said that it was good, and he agreed "
+    "that the day had been long. Water boils at one hundred degrees at sea level.",
+    "In 1905 Albert Einstein wrote four papers on the photoelectric effect, on Brownian motion, on "
+    "special relativity and on the equivalence of mass and energy, which changed physics.",
+] * 6
+CFG = {"train_tokens": 768, "heldout_tokens": 256, "seq_len": 64, "steps": 30, "batch_positions": 64, "lr": 3e-3}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return dk.load_model("tiny-llama", seed=0, n_layers=4)
+
+
+@pytest.fixture(scope="module")
+def other_model():
+    return dk.load_model("tiny-llama", seed=1, n_layers=4)
+
+
+@pytest.fixture(scope="module")
+def trained(model):
+    return train_tuned_lens(model, TEXT, CFG, seed=0, progress=False)
+
+
+def _kl(lens):
+    return lens.heldout().pivot(index="layer", columns="lens", values="kl")
+
+
+def test_lens_does_not_own_the_model(model):
+    lens = TunedLens(model)
+    assert set(lens.state_dict()) == {"A", "b"}
+    assert all(p is lens.A or p is lens.b for p in lens.parameters())
+    assert lens.A.shape == (model.cfg.n_layers, model.cfg.d_model, model.cfg.d_model)
+
+
+def test_untrained_lens_is_the_logit_lens(model):
+    lens, logit = TunedLens(model), LogitLens(model)
+    h = torch.randn(3, 7, model.cfg.d_model)
+    for t in range(model.cfg.n_layers):
+        assert torch.equal(lens(h, t), logit(h, t))
+    assert torch.equal(lens(h, None), logit(h, None))
+    with pytest.raises(ValueError, match="translators 0..3"):
+        lens.translate(h, model.cfg.n_layers)
+
+
+def test_fast_readout_matches_lens_readout(model):
+    lens = TunedLens(model)
+    h = torch.randn(5, model.cfg.d_model) * 3
+    torch.testing.assert_close(_Readout(lens, torch.float32)(h), lens.readout(h), rtol=1e-5, atol=1e-5)
+
+
+def test_heldout_kl_matches_direct_computation(model):
+    lens = TunedLens(model)
+    with torch.no_grad():
+        lens.A.normal_(0, 0.05)
+        lens.b.normal_(0, 0.05)
+    resid = torch.randn(model.cfg.n_layers + 1, 9, model.cfg.d_model)
+    got = heldout_metrics(lens, resid, chunk=4).set_index(["lens", "layer"])
+    with torch.no_grad():
+        p = torch.softmax(lens.readout(resid[-1]), -1).double()
+        for l in range(model.cfg.n_layers):
+            for name, h in (("logit", resid[l]), ("tuned", lens.translate(resid[l], l))):
+                q = torch.softmax(lens.readout(h), -1).double()
+                want = (p * (p.log() - q.log())).sum(-1).mean()
+                assert got.loc[(name, l), "kl"] == pytest.approx(float(want), rel=1e-4, abs=1e-6)
+                agree = (q.argmax(-1) == p.argmax(-1)).double().mean()
+                assert got.loc[(name, l), "top1_agreement"] == pytest.approx(float(agree))
+
+
+def test_training_beats_the_logit_lens_on_heldout_text(trained):
+    kl = _kl(trained)
+    assert (kl["tuned"] < kl["logit"]).all(), kl
+    assert (kl["tuned"].mean() < 0.8 * kl["logit"].mean()), kl
+    loss = trained.meta["train_loss"]
+    assert len(loss) == CFG["steps"] and all(map(torch.isfinite, torch.tensor(loss)))
+    assert trained.meta["n_train_positions"] == CFG["train_tokens"]
+    assert trained.meta["n_heldout_positions"] == CFG["heldout_tokens"]
+
+
+def test_adam_improves_on_the_zero_start(model):
+    base = dict(CFG, init="zero")
+    untrained = train_tuned_lens(model, TEXT, dict(base, steps=0), progress=False)
+    kl0 = _kl(untrained)
+    assert torch.allclose(torch.tensor(kl0["tuned"].values), torch.tensor(kl0["logit"].values))
+    adam = _kl(train_tuned_lens(model, TEXT, base, progress=False))
+    assert (adam["tuned"] < adam["logit"]).all(), adam
+
+
+def test_training_is_deterministic_under_a_seed(model, trained):
+    again = train_tuned_lens(model, TEXT, CFG, seed=0, progress=False)
+    assert torch.equal(again.A, trained.A) and torch.equal(again.b, trained.b)
+    other = train_tuned_lens(model, TEXT, CFG, seed=1, progress=False)
+    assert not torch.equal(other.A, trained.A)
+
+
+def test_save_load_round_trip_is_exact(model, trained, tmp_path):
+    path = save_lens(trained, tmp_path / "lens.safetensors")
+    loaded = load_lens(model, path)
+    assert torch.equal(loaded.A, trained.A) and torch.equal(loaded.b, trained.b)
+    h = torch.randn(4, model.cfg.d_model)
+    assert torch.equal(loaded(h, 2), trained(h, 2))
+    meta = json.loads(path.with_suffix(".json").read_text())
+    assert meta["model"]["fingerprint"] == model.depthkit_info.fingerprint
+    assert meta["shapes"] == {"A": list(trained.A.shape), "b": list(trained.b.shape)}
+    assert {"kl", "top1_agreement", "lens", "layer"} <= set(meta["heldout"][0])
+    assert meta["timing"]["total_s"] > 0
+    assert not list(tmp_path.glob("*.tmp"))  # atomic writes leave nothing behind
+
+
+def test_tampered_file_is_refused(model, trained, tmp_path):
+    path = save_lens(trained, tmp_path / "lens.safetensors")
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(LensFileError, match="does not match its sidecar.*Delete"):
+        load_lens(model, path)
+
+
+def test_truncated_file_is_refused(model, trained, tmp_path):
+    path = save_lens(trained, tmp_path / "lens.safetensors")
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(LensFileError, match="cut short"):
+        load_lens(model, path)
+
+
+def test_sidecar_that_does_not_match_is_refused(model, trained, tmp_path):
+    path = save_lens(trained, tmp_path / "lens.safetensors")
+    meta = json.loads(path.with_suffix(".json").read_text())
+    meta["shapes"]["A"] = [1, 2, 3]
+    path.with_suffix(".json").write_text(json.dumps(meta))
+    with pytest.raises(LensFileError, match="this model needs"):
+        load_lens(model, path)
+    path.with_suffix(".json").write_text("{not json")
+    with pytest.raises(LensFileError, match="not valid JSON"):
+        load_lens(model, path)
+    path.with_suffix(".json").unlink()
+    with pytest.raises(LensFileError, match="sidecar .* is missing"):
+        load_lens(model, path)
+
+
+def test_pickle_renamed_safetensors_is_refused(model, tmp_path):
+    path = tmp_path / "evil.safetensors"
+    path.write_bytes(pickle.dumps({"A": [1.0]}))
+    with pytest.raises(LensFileError, match="pickle"):
+        load_lens(model, path)
+    # torch.save's zip container, too (written by hand: no torch.save in this project).
+    path.write_bytes(b"PK\x03\x04" + b"\x00" * 64)
+    with pytest.raises(LensFileError, match="pickle"):
+        load_lens(model, path)
+
+
+def test_lens_for_another_model_is_refused(other_model, trained, tmp_path):
+    path = save_lens(trained, tmp_path / "lens.safetensors")
+    with pytest.raises(LensFileError, match="for model 'tiny-llama'.*fingerprint"):
+        load_lens(other_model, path)
+    gpt2 = dk.load_model("tiny-gpt2", seed=0, n_layers=2)
+    with pytest.raises(LensFileError, match="not for 'tiny-gpt2'"):
+        load_lens(gpt2, path)
+
+
+def test_missing_file_says_how_to_train(model, tmp_path):
+    with pytest.raises(LensFileError, match="get_tuned_lens"):
+        load_lens(model, tmp_path / "nothing.safetensors")
+
+
+def test_get_tuned_lens_trains_once_then_reuses(model, tmp_path):
+    lens = get_tuned_lens(model, budget="smoke", text=TEXT, cache_dir=tmp_path, progress=False)
+    path = lens_path(model, resolve_config("smoke"), TEXT, tmp_path)
+    assert lens.path == path and path.is_file() and path.with_suffix(".json").is_file()
+    assert path.parent.name == "tiny-llama"
+    mtime = path.stat().st_mtime_ns
+    again = get_tuned_lens(model, budget="smoke", text=TEXT, cache_dir=tmp_path, progress=False)
+    assert path.stat().st_mtime_ns == mtime
+    assert torch.equal(again.A, lens.A)
+    other = get_tuned_lens(model, budget="smoke", text=TEXT, cache_dir=tmp_path, progress=False, seed=1)
+    assert other.path != path
+
+
+def test_downweighting_the(model, tmp_path):
+    lens = get_tuned_lens(model, budget="smoke", text=TEXT, cache_dir=tmp_path, progress=False, downweight="the")
+    assert lens.meta["config"]["downweight"] == "the"
+    the = dk.models.tokenizer_of(model)(" the", add_special_tokens=False)["input_ids"]
+    assert lens.meta["downweighted_token_ids"] == the
+    plain = get_tuned_lens(model, budget="smoke", text=TEXT, cache_dir=tmp_path, progress=False)
+    assert plain.path != lens.path
+
+
+def test_bad_budgets_are_refused():
+    with pytest.raises(ValueError, match="Unknown tuned-lens budget 'huge'"):
+        resolve_config("huge")
+    with pytest.raises(ValueError, match="Unknown tuned-lens config keys \\['stepz'\\]"):
+        resolve_config({"stepz": 3})
+    with pytest.raises(ValueError, match="steps=-1"):
+        resolve_config({"steps": -1})
+    with pytest.raises(ValueError, match="downweight='a'"):
+        resolve_config("default", downweight="a")
+
+
+def test_trajectory_engine_accepts_the_lens(model, trained, tmp_path, monkeypatch):
+    prompts = ["The cat sat on the", "In 1905 Albert Einstein"]
+    tr = trajectories(model, prompts, lens=trained, progress=False)
+    assert tr.lens == "tuned"
+    lo = trajectories(model, prompts, lens="logit", progress=False)
+    last = model.cfg.n_layers
+    a = tr.steps[tr.steps.layer == last].kl_to_final.to_numpy()
+    assert (abs(a) < 1e-5).all()
+    # The translators change the early layers' readings.
+    assert not (tr.steps[tr.steps.layer == 0].kl_to_final.values == lo.steps[lo.steps.layer == 0].kl_to_final.values).all()
+    monkeypatch.setenv("DEPTHKIT_CACHE", str(tmp_path))
+    by_name = resolve_lens(model, "tuned", budget="smoke", text=TEXT, progress=False)
+    assert isinstance(by_name, TunedLens)
+    assert by_name.path.is_relative_to(tmp_path)
+    auth = trajectories(model, prompts, lens=by_name, convention="authors", progress=False)
+    assert sorted(auth.steps.layer.unique()) == list(range(1, last + 1))
