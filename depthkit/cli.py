@@ -54,11 +54,11 @@ def _cmd_book(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    (ch,) = _select(args.chapter)
     try:
         extra = book.parse_params(args.param or [])
     except ValueError as err:
         raise book.BookError(str(err)) from None
+    (ch,) = _select(args.chapter)
     params = book.chapter_params(ch, args.model, _results_root(args.results), smoke=args.smoke, extra=extra)
     print(f"depthkit run: chapter {ch.id} ({ch.title}) with {params}")
     result = book.execute_chapter(

@@ -145,3 +145,90 @@ def _in_kernel() -> bool:
         return False
     shell = get_ipython()
     return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+# ---------------------------------------------------------------------------
+# Chapter 00: logit lens and tuned lens
+
+
+def lens_fidelity_chart(metrics: Any, title: str = "") -> alt.HConcatChart:
+    """Per-layer KL(final ‖ lens) and top-1 agreement with the final prediction, one
+    line per lens. ``metrics``: DataFrame[layer, lens, kl, top1_agreement]. Click a
+    legend entry to highlight one lens."""
+    pick = alt.selection_point(fields=["lens"], bind="legend")
+    base = alt.Chart(metrics).encode(
+        x=alt.X("layer:Q", title="layer ℓ"),
+        color=alt.Color("lens:N", title="lens"),
+        opacity=alt.condition(pick, alt.value(1.0), alt.value(0.2)),
+        tooltip=[
+            alt.Tooltip("lens:N"),
+            alt.Tooltip("layer:Q"),
+            alt.Tooltip("kl:Q", title="KL (nats)", format=".3f"),
+            alt.Tooltip("top1_agreement:Q", title="top-1 agreement", format=".1%"),
+        ],
+    )
+    kl = base.mark_line(point=True).encode(y=alt.Y("kl:Q", title="KL(final ‖ lens), nats")).properties(
+        width=320, height=240, title="Distance to the final distribution"
+    )
+    agree = base.mark_line(point=True).encode(
+        y=alt.Y("top1_agreement:Q", title="top-1 = final top-1", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1]))
+    ).properties(width=320, height=240, title="Agreement with the final prediction")
+    return alt.hconcat(kl, agree).add_params(pick).properties(title=title)
+
+
+def lens_topk_chart(topk: Any, title: str = "") -> alt.Chart:
+    """Layer-by-layer top-1 tokens of one prompt side by side for several lenses.
+    ``topk``: DataFrame[lens, layer, k, token, prob] (k = 1 is the top-1). Colour is
+    the top-1 probability; the tooltip lists the whole top-k."""
+    import pandas as pd
+
+    df = topk.copy()
+    df["shown"] = df["token"].map(repr)
+    listing = (
+        df.sort_values("k")
+        .groupby(["lens", "layer"])
+        .apply(lambda g: "  ".join(f"{t} {p:.0%}" for t, p in zip(g["shown"], g["prob"])), include_groups=False)
+        .rename("top_k")
+        .reset_index()
+    )
+    top1 = pd.merge(df[df["k"] == 1], listing, on=["lens", "layer"])
+    base = alt.Chart(top1).encode(
+        x=alt.X("lens:N", title=None, axis=alt.Axis(orient="top", labelAngle=0)),
+        y=alt.Y("layer:O", title="layer ℓ", sort="descending"),
+        tooltip=[
+            alt.Tooltip("lens:N"),
+            alt.Tooltip("layer:O"),
+            alt.Tooltip("shown:N", title="top-1"),
+            alt.Tooltip("prob:Q", title="p(top-1)", format=".1%"),
+            alt.Tooltip("top_k:N", title="top-k"),
+        ],
+    )
+    cells = base.mark_rect().encode(
+        color=alt.Color("prob:Q", title="p(top-1)", scale=alt.Scale(scheme="blues", domain=[0, 1]))
+    )
+    text = base.mark_text(fontSize=10).encode(
+        text=alt.Text("shown:N"),
+        color=alt.condition(alt.datum.prob > 0.5, alt.value("white"), alt.value("black")),
+    )
+    n_layers = top1["layer"].nunique()
+    return (cells + text).properties(width=110 * top1["lens"].nunique(), height=14 * n_layers, title=title)
+
+
+def top10_share_chart(shares: Any, title: str = "") -> alt.Chart:
+    """Share of prompts whose top-1 at layer ℓ is one of the corpus's Top-10 tokens,
+    one line per lens (variant). ``shares``: DataFrame[layer, lens, share] (plus
+    optional n). Click a legend entry to highlight one lens."""
+    pick = alt.selection_point(fields=["lens"], bind="legend")
+    return (
+        alt.Chart(shares)
+        .mark_line(point=True)
+        .encode(
+            x=alt.X("layer:Q", title="layer ℓ"),
+            y=alt.Y("share:Q", title="top-1 in Top-10 tokens", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
+            color=alt.Color("lens:N", title="lens"),
+            opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
+            tooltip=[alt.Tooltip("lens:N"), alt.Tooltip("layer:Q"), alt.Tooltip("share:Q", format=".1%")],
+        )
+        .add_params(pick)
+        .properties(width=460, height=260, title=title)
+    )

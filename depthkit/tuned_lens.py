@@ -203,6 +203,7 @@ def _as_texts(text: str | Sequence[str] | None) -> list[str] | None:
 class _Split:
     sequences: list[list[int]]
     positions: list[list[int]]  # per sequence, the positions that count (ordinary text)
+    passages: list[int]  # indices into the texts that this split read from
 
     @property
     def n_positions(self) -> int:
@@ -243,7 +244,7 @@ def _make_splits(model, texts: list[str], cfg: TrainConfig) -> tuple[_Split, _Sp
                 poss.append(pos)
                 have += len(pos)
         # Passages only partly used stay out of the other split.
-        return _Split(seqs, poss), i
+        return _Split(seqs, poss, sorted(int(j) for j in order[start:i])), i
 
     held, used = build(cfg.heldout_tokens, 0)
     train, _ = build(cfg.train_tokens, used)
@@ -408,7 +409,7 @@ def train_tuned_lens(
     cfg = resolve_config(budget, seed=seed, downweight=downweight)
     texts_list = _as_texts(texts)
     info = model_info(model)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     load0 = _load_average()
     timing: dict[str, float] = {}
     torch.manual_seed(cfg.seed)
@@ -442,6 +443,9 @@ def train_tuned_lens(
     metrics = heldout_metrics(lens, resid_held)
     timing["eval_s"] = time.perf_counter() - t3
     timing["total_s"] = time.perf_counter() - t0
+    # CPU seconds of all this process's threads: on a machine shared with other jobs,
+    # cpu_s / torch threads estimates the wall time the same run takes when quiet.
+    timing["cpu_s"] = time.process_time() - cpu0
     lens.meta = {
         "format": FORMAT_VERSION,
         "model": info.as_dict(),
@@ -451,6 +455,10 @@ def train_tuned_lens(
         "shapes": {"A": list(lens.A.shape), "b": list(lens.b.shape)},
         "n_train_positions": n,
         "n_heldout_positions": int(resid_held.shape[1]),
+        # Indices into the training texts (for the default texts: passage ids of
+        # depthkit.data.wikipedia_passages()), so analyses can avoid training text.
+        "train_passages": train.passages,
+        "heldout_passages": held.passages,
         "downweighted_token_ids": down_ids,
         "downweighted_share": float((weights < 1).float().mean()),
         "heldout": metrics.to_dict("records"),

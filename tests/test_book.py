@@ -1,0 +1,285 @@
+"""The book runner: parameters, skip-if-unchanged stamps, failure messages,
+atomic writes, cleaning of executed notebooks, the build toc and the CLI.
+Uses tiny throwaway notebooks, never the real chapters."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+import yaml
+
+from depthkit import book, cli, plots
+from depthkit.chapters import CHAPTERS
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class _Chapter:
+    id: str
+    slug: str
+    title: str
+    notebook: Path
+    smoke: dict[str, Any] = field(default_factory=dict)
+
+
+def _notebook(path: Path, body: str = "result = n * 2\nprint(result)") -> Path:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    params = nbformat.v4.new_code_cell("model = 'none'\nresults_root = None\nn = 1\nfail = False")
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [nbformat.v4.new_markdown_cell("# Tiny"), params, nbformat.v4.new_code_cell(body)]
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.fixture
+def chapter(tmp_path: Path) -> _Chapter:
+    return _Chapter("90", "90_tiny", "Tiny chapter", _notebook(tmp_path / "90_tiny.ipynb"), smoke={"n": 2})
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("n_prompts=200", ("n_prompts", 200)),
+        ("lens=logit", ("lens", "logit")),
+        ("tau=0.5", ("tau", 0.5)),
+        ("ks=[1, 10, 100]", ("ks", [1, 10, 100])),
+        ("names=[a, b]", ("names", ["a", "b"])),
+        ("flag=true", ("flag", True)),
+        ("x=null", ("x", None)),
+        ("model=EleutherAI/pythia-6.9b-deduped", ("model", "EleutherAI/pythia-6.9b-deduped")),
+        ("text=a=b", ("text", "a=b")),
+        ("s='200'", ("s", "200")),
+        ("empty=", ("empty", "")),
+    ],
+)
+def test_parse_param_reads_yaml_values(text: str, expected: tuple[str, Any]) -> None:
+    assert book.parse_param(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("n_prompts", "key=value"),
+        ("=3", "key=value"),
+        ("n-prompts=3", "identifier"),
+        ("x={a: 1}", "mapping"),
+        ("x=[1, 2", "not valid YAML"),
+    ],
+)
+def test_parse_param_rejects_bad_input(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        book.parse_param(text)
+
+
+def test_chapter_params_order_shared_then_smoke_then_overrides(chapter: _Chapter, tmp_path: Path) -> None:
+    full = book.chapter_params(chapter, "smollm2-135m", tmp_path / "res")
+    assert full == {"model": "smollm2-135m", "results_root": str((tmp_path / "res").resolve())}
+    smoke = book.chapter_params(chapter, "m", Path("relative/res"), smoke=True, extra={"model": "other", "k": 3})
+    assert smoke["n"] == 2 and smoke["model"] == "other" and smoke["k"] == 3
+    assert Path(smoke["results_root"]).is_absolute()
+
+
+# --------------------------------------------------------------------------- stamps
+
+
+def test_run_hash_changes_with_notebook_params_and_code(chapter: _Chapter) -> None:
+    base = book.run_hash(chapter.notebook, {"n": 1}, "code-a")
+    assert base == book.run_hash(chapter.notebook, {"n": 1}, "code-a")
+    assert base != book.run_hash(chapter.notebook, {"n": 2}, "code-a")
+    assert base != book.run_hash(chapter.notebook, {"n": 1}, "code-b")
+    # key order of the parameters does not matter
+    assert book.run_hash(chapter.notebook, {"a": 1, "b": 2}, "c") == book.run_hash(chapter.notebook, {"b": 2, "a": 1}, "c")
+    _notebook(chapter.notebook, body="result = n * 3")
+    assert base != book.run_hash(chapter.notebook, {"n": 1}, "code-a")
+
+
+def test_source_fingerprint_is_stable() -> None:
+    assert book.source_fingerprint() == book.source_fingerprint()
+
+
+def test_is_current_needs_matching_stamp_and_notebook(tmp_path: Path) -> None:
+    executed, stamp, _ = book.output_paths(tmp_path, "90_tiny")
+    assert not book.is_current(tmp_path, "90_tiny", "h1")
+    stamp.write_text(json.dumps({"hash": "h1"}))
+    assert not book.is_current(tmp_path, "90_tiny", "h1")  # no executed notebook
+    executed.write_text("{}")
+    assert book.is_current(tmp_path, "90_tiny", "h1")
+    assert not book.is_current(tmp_path, "90_tiny", "h2")
+    stamp.write_text("{not json")
+    assert not book.is_current(tmp_path, "90_tiny", "h1")
+
+
+def test_unchanged_chapter_is_not_executed_again(chapter: _Chapter, tmp_path: Path) -> None:
+    out, work = tmp_path / "out", tmp_path / "work"
+    first = book.execute_chapter(chapter, {"model": "m", "n": 5}, out, work_dir=work)
+    assert first.status == "ran" and first.elapsed_s > 0
+    nb = nbformat.read(first.notebook, as_version=4)
+    assert "10" in "".join(o.get("text", "") for o in nb.cells[-1].outputs)  # n=5 was injected
+    stamp = json.loads(book.output_paths(out, chapter.slug)[1].read_text())
+    assert stamp["params"] == {"model": "m", "n": 5} and stamp["chapter"] == "90"
+    assert not book.output_paths(out, chapter.slug)[2].exists()  # partial removed
+
+    assert book.execute_chapter(chapter, {"model": "m", "n": 5}, out, work_dir=work).status == "unchanged"
+    assert book.execute_chapter(chapter, {"model": "m", "n": 5}, out, work_dir=work, force=True).status == "ran"
+    assert book.execute_chapter(chapter, {"model": "m", "n": 6}, out, work_dir=work).status == "ran"
+    _notebook(chapter.notebook, body="result = n + 1")
+    assert book.execute_chapter(chapter, {"model": "m", "n": 6}, out, work_dir=work).status == "ran"
+    # the kernelspec of the source survives papermill's own kernel choice
+    assert nbformat.read(first.notebook, as_version=4).metadata["kernelspec"]["name"] == "python3"
+
+
+# --------------------------------------------------------------------------- failures and atomicity
+
+
+def test_failing_chapter_reports_cell_error_and_partial_path(chapter: _Chapter, tmp_path: Path) -> None:
+    _notebook(chapter.notebook, body="if fail:\n    raise ValueError(f'n must be small, got {n}')")
+    out = tmp_path / "out"
+    ok = book.execute_chapter(chapter, {"n": 1}, out, work_dir=tmp_path / "work")
+    before = ok.notebook.read_text()
+    with pytest.raises(book.ChapterFailed) as info:
+        book.execute_chapter(chapter, {"n": 7, "fail": True}, out, work_dir=tmp_path / "work")
+    err = info.value
+    assert err.ename == "ValueError" and err.evalue == "n must be small, got 7"
+    message = str(err)
+    assert message.splitlines()[0] == "Chapter 90 (Tiny chapter) failed in cell [3]: ValueError: n must be small, got 7"
+    assert "Traceback" not in message and len(message.splitlines()) == 2
+    assert str(err.partial) in message and err.partial.name == "90_tiny.partial.ipynb" and err.partial.is_file()
+    # the last complete run and its stamp are untouched, and still describe each other
+    assert ok.notebook.read_text() == before
+    stamp = json.loads(book.output_paths(out, chapter.slug)[1].read_text())
+    assert stamp["params"] == {"n": 1}
+
+
+def test_interrupted_run_leaves_nothing_that_looks_complete(
+    chapter: _Chapter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import papermill
+
+    def killed(input_path: str, output_path: str, **kwargs: Any) -> None:
+        Path(output_path).write_text(Path(input_path).read_text())  # papermill's progressive save
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(papermill, "execute_notebook", killed)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        book.execute_chapter(chapter, {"n": 1}, out, work_dir=tmp_path / "work")
+    executed, stamp, partial = book.output_paths(out, chapter.slug)
+    assert partial.is_file() and not executed.exists() and not stamp.exists()
+    assert [p.name for p in out.iterdir()] == [partial.name]
+
+
+def test_atomic_write_replaces_whole_file_and_leaves_no_temp(tmp_path: Path) -> None:
+    target = tmp_path / "x.json"
+    target.write_text("old")
+    book._atomic_write(target, "new")
+    assert target.read_text() == "new"
+    assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
+
+
+def test_failure_in_cli_is_one_short_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["run", "00", "-p", "no_equals_sign"]) == 1
+    err = capsys.readouterr().err
+    assert "key=value" in err and "Traceback" not in err
+    assert cli.main(["run", "99"]) == 1
+    assert "No chapter '99'" in capsys.readouterr().err
+
+
+def test_cli_list_shows_every_chapter(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == list(CHAPTERS)
+
+
+# --------------------------------------------------------------------------- executed notebooks for the book
+
+
+def test_clean_executed_drops_bundle_widget_state_and_progress_bars() -> None:
+    widget = {"application/vnd.jupyter.widget-view+json": {"model_id": "abc", "version_major": 2}}
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {"abc": {}}}}
+    nb.metadata["kernelspec"] = {"name": "depthkit-python"}
+    cell = nbformat.v4.new_code_cell("...")
+    cell.outputs = [
+        nbformat.v4.new_output("display_data", data={"text/html": "<script>...</script>"}, metadata={plots.BUNDLE_MARK: True}),
+        nbformat.v4.new_output("display_data", data={**widget, "text/plain": "  0%|          | 0/3 [00:00<?, ?it/s]"}),
+        nbformat.v4.new_output("display_data", data={**widget, "text/plain": "VBox(children=(Text(value='')))"}),
+        nbformat.v4.new_output("display_data", data={"text/html": "<div class='depthkit-chart'></div>"}),
+        nbformat.v4.new_output("stream", name="stdout", text="hello\n"),
+    ]
+    nb.cells = [cell]
+    out = book.clean_executed(nb, {"name": "python3", "display_name": "Python 3", "language": "python"})
+    assert "widgets" not in out.metadata and out.metadata["kernelspec"]["name"] == "python3"
+    outputs = out.cells[0].outputs
+    assert len(outputs) == 3
+    assert outputs[0]["data"]["text/plain"] == book.WIDGET_NOTE
+    assert "application/vnd.jupyter.widget-view+json" not in outputs[0]["data"]
+    assert "depthkit-chart" in outputs[1]["data"]["text/html"]
+    assert outputs[2]["text"] == "hello\n"
+    nbformat.validate(out)
+
+
+# --------------------------------------------------------------------------- table of contents
+
+
+def test_repository_toc_lists_every_chapter_in_registry_order() -> None:
+    toc = yaml.safe_load((REPO / "_toc.yml").read_text())
+    files = [e["file"] for part in toc["parts"] for e in part["chapters"]]
+    chapters = [f.removeprefix("book/chapters/") for f in files if f.startswith("book/chapters/")]
+    assert chapters == [c.slug for c in CHAPTERS.values()]
+    for f in [toc["root"], *files]:
+        if not f.startswith("book/chapters/"):
+            assert (REPO / f"{f}.md").is_file(), f
+
+
+def test_build_toc_keeps_order_and_drops_empty_part(tmp_path: Path) -> None:
+    (tmp_path / "_toc.yml").write_text((REPO / "_toc.yml").read_text())
+    toc = yaml.safe_load(book.write_build_toc(tmp_path, ["03_fact_recall", "01_guess_then_refine"], tmp_path / "b.yml").read_text())
+    chapters = next(p for p in toc["parts"] if p["caption"] == "Chapters")["chapters"]
+    assert chapters == [{"file": "book/chapters/03_fact_recall"}, {"file": "book/chapters/01_guess_then_refine"}]
+    assert toc["root"] == "book/intro"
+    empty = yaml.safe_load(book.write_build_toc(tmp_path, [], tmp_path / "c.yml").read_text())
+    assert "Chapters" not in [p["caption"] for p in empty["parts"]]
+    assert any(e["file"] == "book/own_model" for p in empty["parts"] for e in p["chapters"])
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def test_chart_html_is_script_safe_and_waits_for_bundle() -> None:
+    spec = {"data": {"values": [{"token": "</script><b>"}]}, "mark": "bar"}
+    html = plots.chart_html(spec)
+    assert html.count("</script>") == 1  # only the snippet's own closing tag
+    assert "<\\/script><b>" in html
+    assert "window.vegaEmbed" in html and "__depthkitCharts" in html
+    assert plots.chart_html(spec) != html  # each chart gets its own element id
+
+
+def test_enable_makes_altair_use_the_offline_renderer() -> None:
+    import altair as alt
+
+    plots.enable(show_bundle=False)
+    assert alt.renderers.active == plots.RENDERER
+    chart = alt.Chart(alt.Data(values=[{"a": 1}])).mark_point().encode(x="a:Q", tooltip=["a:Q"])
+    bundle = chart._repr_mimebundle_()
+    bundle = bundle[0] if isinstance(bundle, tuple) else bundle
+    assert set(bundle) == {"text/html", "text/plain"}
+    assert 'class="depthkit-chart"' in bundle["text/html"] and "cdn" not in bundle["text/html"].lower()
+
+
+def test_bundle_carries_the_three_libraries_in_its_own_scope() -> None:
+    code = plots.bundle_path().read_text()
+    assert code.startswith("(function () {") and code.rstrip().endswith("})();")
+    # the snippet comes out minified; the browser test checks that it works
+    for name in ("window.vegaEmbed=", "window.vegaLite=", "window.vega=", "window.__depthkitCharts="):
+        assert name in code
+    assert "</script" not in code
