@@ -9,6 +9,8 @@ a hash of the source notebook, the parameters and depthkit's own code, so an
 unchanged chapter is not executed again. papermill writes into
 ``<slug>.partial.ipynb`` while it runs; only a run that finished is moved into
 place, so an interrupted run never leaves a notebook that looks complete.
+The stamp does not cover caches outside the repository (a retrained tuned lens,
+frequency tables): after changing those, rebuild with ``--force``.
 """
 
 from __future__ import annotations
@@ -360,7 +362,10 @@ def write_build_toc(root: Path, slugs: Sequence[str], out: Path) -> Path:
     toc["parts"] = parts
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(out, yaml.safe_dump(toc, sort_keys=False))
+    text = yaml.safe_dump(toc, sort_keys=False)
+    # An unchanged toc keeps its timestamp, so Sphinx's incremental build holds.
+    if not out.is_file() or out.read_text(encoding="utf-8") != text:
+        _atomic_write(out, text)
     return out
 
 

@@ -26,11 +26,16 @@ class Chapter:
 CHAPTERS: dict[str, Chapter] = {
     c.id: c
     for c in [
-        Chapter("00", "00_lenses", "Logit lens and tuned lens", smoke={}),
-        Chapter("01", "01_guess_then_refine", "Guess, then refine", smoke={}),
-        Chapter("02", "02_mcq_collection_vs_reasoning", "Multiple choice: collecting options, then choosing", smoke={}),
-        Chapter("03", "03_fact_recall", "Multi-token fact recall", smoke={}),
-        Chapter("04", "04_pos_onset", "Part of speech and depth", smoke={}),
+        Chapter("00", "00_lenses", "Logit lens and tuned lens", smoke={"lens_budget": "smoke", "bias_budget": "smoke", "n_eval": 20}),
+        Chapter("01", "01_guess_then_refine", "Guess, then refine", smoke={"n_prompts": 12, "n_boot": 50, "lens_budget": "smoke"}),
+        Chapter("02", "02_mcq_collection_vs_reasoning", "Multiple choice: collecting options, then choosing", smoke={"tasks": ["mmlu", "sst2"], "n_examples": 4, "shots": 1, "controls": ["symbols"], "n_pairs": 2, "patch_layer_step": 10, "n_boot": 50, "lens_budget": "smoke"}),
+        Chapter("03", "03_fact_recall", "Multi-token fact recall", smoke={"n_examples": 12, "n_trivia": 4, "k_grid": [1, 10, 100], "n_boot": 50, "lens_budget": "smoke"}),
+        Chapter(
+            "04",
+            "04_pos_onset",
+            "Part of speech and depth",
+            smoke={"n_candidates": 8, "n_per_tag": 4, "max_k": 1000, "k_per_decade": 2, "n_boot": 50, "lens_budget": "smoke"},
+        ),
         Chapter("05", "05_residual_phase_change", "A phase change in the residual stream", smoke={}),
         Chapter("06", "06_depth_score", "Depth scores and early exit", smoke={}),
         Chapter("07", "07_across_models", "Across models", smoke={}),

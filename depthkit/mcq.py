@@ -55,7 +55,7 @@ import pandas as pd
 
 from depthkit import data as dkdata
 from depthkit.lenses import Lens, resolve_lens
-from depthkit.trajectories import answer_token_ids, trajectories
+from depthkit.trajectories import Trajectories, answer_token_ids, trajectories
 
 TASKS = ("mmlu", "sst2", "mrpc", "rte")
 LETTERS = ("A", "B", "C", "D")
@@ -279,23 +279,28 @@ def option_ranks(
     convention: str = "canonical",
     batch_size: int = 8,
     progress: bool = True,
+    return_trajectories: bool = False,
     **lens_kwargs,
-) -> pd.DataFrame:
+) -> pd.DataFrame | tuple[pd.DataFrame, dict[str, Trajectories]]:
     """Rank and probability of every option token at every layer.
 
     ``prompts``: frame of :func:`build_prompts` / :func:`load_mcq_file` (option ids
     are added if missing). Returns DataFrame[task, item, example, layer, option,
     token_id, rank, prob, is_gold, top1_is_option]; ``item`` is the row of
     ``prompts``; ``top1_is_option``: the lens top-1 token is one of the options.
+    With ``return_trajectories``, also the :class:`Trajectories` of each task (targets
+    ``opt0``.. and ``gold``; its ``item`` is the position within the task), e.g. for
+    :func:`depthkit.early_exit.early_exit_table`.
     """
     if "option_ids" not in prompts.columns:
         prompts = add_option_ids(model, prompts)
     prompts = prompts.reset_index(drop=True)
     lens_obj = resolve_lens(model, lens, **lens_kwargs)
-    frames = []
-    for (_task, k), group in prompts.groupby([prompts["task"], prompts["option_ids"].map(len)], sort=False):
+    frames, trajs = [], {}
+    for (task, k), group in prompts.groupby([prompts["task"], prompts["option_ids"].map(len)], sort=False):
         names = [f"opt{j}" for j in range(k)]
         targets = {nm: [ids[j] for ids in group["option_ids"]] for j, nm in enumerate(names)}
+        targets["gold"] = [ids[g] for ids, g in zip(group["option_ids"], group["gold"])]
         traj = trajectories(
             model, list(group["prompt"]), lens=lens_obj, convention=convention, targets=targets,
             top_k=1, batch_size=batch_size, progress=progress,
@@ -310,12 +315,15 @@ def option_ranks(
         opt_sets = {r: set(prompts.at[r, "option_ids"]) for r in rows}
         t["top1_is_option"] = [tid in opt_sets[r] for tid, r in zip(t["top1_id"], t["item"])]
         frames.append(t)
+        # A user file may mix option counts within a task: one trajectory set per count.
+        trajs[str(task) if str(task) not in trajs else f"{task} ({k} options)"] = traj
     out = pd.concat(frames, ignore_index=True)
     out["task"] = prompts.loc[out["item"], "task"].to_numpy()
     out["example"] = prompts.loc[out["item"], "example"].to_numpy()
     out["is_gold"] = out["option"].to_numpy() == prompts.loc[out["item"], "gold"].to_numpy()
     cols = ["task", "item", "example", "layer", "option", "token_id", "rank", "prob", "is_gold", "top1_is_option"]
-    return out[cols].sort_values(["item", "layer", "option"], kind="stable").reset_index(drop=True)
+    out = out[cols].sort_values(["item", "layer", "option"], kind="stable").reset_index(drop=True)
+    return (out, trajs) if return_trajectories else out
 
 
 # ---------------------------------------------------------------- analysis (pure)

@@ -425,3 +425,49 @@ def stratified_difference(
     else:
         pooled.update(diff=np.nan, lo=np.nan, hi=np.nan)
     return pd.concat([out, pd.DataFrame([pooled])], ignore_index=True)
+
+
+def adjusted_difference(
+    df: pd.DataFrame,
+    value: str,
+    group: str,
+    covariate: str,
+    a: str,
+    b: str,
+    *,
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> pd.DataFrame:
+    """Difference of ``value`` between groups ``b`` and ``a`` adjusted linearly for
+    ``covariate``: the coefficient of the indicator ``group == b`` in the least-squares
+    fit ``value ~ 1 + covariate + [group == b]`` over the rows of both groups.
+
+    Complements :func:`stratified_difference` when the groups barely overlap in the
+    covariate (it then extrapolates along the fitted line instead of matching). Rows
+    with ``NaN`` are dropped; the bootstrap resamples rows within each group.
+    Returns one row ``[estimate, lo, hi, slope, n_a, n_b]`` (``slope``: the
+    covariate's coefficient).
+    """
+    _require(df, [value, group, covariate], "The frame")
+    d = df[df[group].isin([a, b])].dropna(subset=[value, covariate])
+    ya = d.loc[d[group] == a, [value, covariate]].to_numpy(dtype=float)
+    yb = d.loc[d[group] == b, [value, covariate]].to_numpy(dtype=float)
+    if len(ya) < 1 or len(yb) < 1 or len(ya) + len(yb) < 4:
+        return pd.DataFrame([{"estimate": np.nan, "lo": np.nan, "hi": np.nan, "slope": np.nan, "n_a": len(ya), "n_b": len(yb)}])
+
+    def fit(ra: np.ndarray, rb: np.ndarray) -> np.ndarray:
+        rows = np.concatenate([ra, rb])
+        x = np.column_stack([np.ones(len(rows)), rows[:, 1], np.r_[np.zeros(len(ra)), np.ones(len(rb))]])
+        return np.linalg.lstsq(x, rows[:, 0], rcond=None)[0]
+
+    coef = fit(ya, yb)
+    rng = np.random.default_rng(seed)
+    boots = np.array(
+        [fit(ya[rng.integers(0, len(ya), len(ya))], yb[rng.integers(0, len(yb), len(yb))])[2] for _ in range(int(n_boot))]
+    )
+    alpha = (1 - level) / 2
+    lo, hi = np.quantile(boots, [alpha, 1 - alpha])
+    return pd.DataFrame(
+        [{"estimate": float(coef[2]), "lo": float(lo), "hi": float(hi), "slope": float(coef[1]), "n_a": len(ya), "n_b": len(yb)}]
+    )

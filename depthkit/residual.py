@@ -40,6 +40,16 @@ from depthkit.trajectories import Item, Trajectories, _pad_id, encode
 # Running text as items
 
 
+def sample_passages(passages: Sequence[str], n: int, *, seed: int = 0, min_chars: int = 400) -> list[str]:
+    """``n`` distinct passages of at least ``min_chars`` characters, in an order
+    shuffled with ``seed`` (long passages, so that every text gives many positions)."""
+    unique = [p for p in dict.fromkeys(passages) if isinstance(p, str) and len(p) >= min_chars]
+    if len(unique) < n:
+        raise ValueError(f"Only {len(unique)} distinct passages have at least {min_chars} characters; ask for n <= {len(unique)}.")
+    order = np.random.default_rng(seed).permutation(len(unique))[:n]
+    return [unique[i] for i in order]
+
+
 def passage_items(
     model,
     texts: Sequence[str],
@@ -538,3 +548,34 @@ def skip_block_effects(
         }
     )
     return later, output
+
+
+def phase_change(
+    per_item: pd.DataFrame,
+    value: str = "block_rel",
+    *,
+    blocks: Sequence[int] | None = None,
+    log: bool = True,
+    kind: str = "hinge",
+    n_boot: int = 200,
+    ci: float = 0.9,
+    seed: int = 0,
+) -> LayerEstimate:
+    """The phase-change layer ℓ*: the two-segment split of the mean curve of a
+    per-block statistic (output of :func:`update_stats`), with a bootstrap interval
+    over texts.
+
+    ``blocks`` defaults to the interior blocks ``1..L-2``: block 0 reads the raw
+    embeddings (its relative update is an order of magnitude larger than any other)
+    and the last block prepares the unembedding; either would decide the fit alone.
+    ``log`` fits ``log(value)`` so that a change of *rate* counts, not of scale
+    (non-positive statistics such as cosines are fitted as they are).
+    """
+    if "block" not in per_item.columns:
+        raise ValueError("per_item must be the output of update_stats (it needs a 'block' column).")
+    n_blocks = int(per_item["block"].max()) + 1
+    keep = list(range(1, n_blocks - 1)) if blocks is None else [int(b) for b in blocks]
+    sub = per_item[per_item["block"].isin(keep)]
+    if log and (sub[value] > 0).all():
+        sub = sub.assign(**{value: np.log(sub[value])})
+    return bootstrap_layer(sub, value, split_estimator(kind), by="block", name=value, n_boot=n_boot, ci=ci, seed=seed)

@@ -113,11 +113,12 @@ class TrainConfig:
     seq_len: int = 128
     init: Literal["ridge", "zero"] = "ridge"
     ridge: float = 1e-3  # ridge penalty, relative to the mean variance of h_ℓ
-    steps: int = 150
+    steps: int = 50
     batch_positions: int = 128
-    lr: float = 1e-3
+    lr: float = 3e-4
     grad_clip: float = 1.0
-    matmul_dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    matmul_dtype: Literal["bfloat16", "float32"] = "bfloat16"  # training products
+    eval_dtype: Literal["bfloat16", "float32"] = "bfloat16"  # held-out metrics
     downweight: str | None = None  # None | "the" | "top10"
     downweight_factor: float = 1e-3
     seed: int = 0
@@ -130,8 +131,9 @@ class TrainConfig:
                 raise ValueError(f"Tuned-lens config {key}={v!r}: must be an integer >= {lo}.")
         if self.init not in ("ridge", "zero"):
             raise ValueError(f"Tuned-lens config init={self.init!r}: choose 'ridge' or 'zero'.")
-        if self.matmul_dtype not in ("bfloat16", "float32"):
-            raise ValueError(f"Tuned-lens config matmul_dtype={self.matmul_dtype!r}: choose 'bfloat16' or 'float32'.")
+        for key in ("matmul_dtype", "eval_dtype"):
+            if getattr(self, key) not in ("bfloat16", "float32"):
+                raise ValueError(f"Tuned-lens config {key}={getattr(self, key)!r}: choose 'bfloat16' or 'float32'.")
         if self.downweight not in (None, *DOWNWEIGHT_SETS):
             raise ValueError(f"downweight={self.downweight!r}: choose None, 'the' or 'top10'.")
         for key in ("ridge", "lr", "grad_clip", "downweight_factor"):
@@ -277,6 +279,38 @@ def _cache_residuals(
     return out
 
 
+# Residuals of the most recent training text, kept in memory: the lens variants of
+# the bias check (and retraining with another optimiser setting) use the very same
+# positions, and caching them is the slowest part of training.
+_RESIDUALS: dict[tuple, tuple[_Split, _Split, Tensor, Tensor]] = {}
+
+
+def _residuals_for(
+    model, texts: list[str] | None, cfg: TrainConfig, progress: bool
+) -> tuple[_Split, _Split, Float[Tensor, "depth n d_model"], Float[Tensor, "depth m d_model"]]:
+    key = (
+        model_info(model).fingerprint,
+        id(model),
+        _texts_digest(texts),
+        cfg.train_tokens,
+        cfg.heldout_tokens,
+        cfg.seq_len,
+        cfg.seed,
+    )
+    if key not in _RESIDUALS:
+        _RESIDUALS.clear()
+        train, held = _make_splits(model, texts if texts is not None else _default_texts(), cfg)
+        resid = _cache_residuals(model, train, "tuned lens: caching residuals", progress)
+        resid_held = _cache_residuals(model, held, "tuned lens: caching held-out", progress)
+        _RESIDUALS[key] = (train, held, resid, resid_held)
+    return _RESIDUALS[key]
+
+
+def clear_residual_cache() -> None:
+    """Free the residuals kept in memory from the last training run."""
+    _RESIDUALS.clear()
+
+
 # ---------------------------------------------------------------------------
 # A fast copy of the readout
 
@@ -312,15 +346,22 @@ class _Readout:
 
 @torch.no_grad()
 def heldout_metrics(
-    lens: Lens, resid: Float[Tensor, "depth n d_model"], *, chunk: int = 256, readout: _Readout | None = None
+    lens: Lens,
+    resid: Float[Tensor, "depth n d_model"],
+    *,
+    chunk: int = 256,
+    dtype: torch.dtype = torch.float32,
+    variants: Sequence[str] | None = None,
 ) -> pd.DataFrame:
     """Per layer ℓ < L: mean KL(p_L ‖ q_ℓ) in nats and the share of positions whose
     lens top-1 equals the final top-1, over the positions of ``resid`` (depths 0..L).
-    Float32 throughout. A :class:`TunedLens` is scored with and without its
-    translators (rows "tuned" and "logit"); any other lens as itself."""
-    readout = readout or _Readout(lens, torch.float32)
+    ``dtype`` is that of the unembedding product (softmax and sums are float32 or
+    wider). A :class:`TunedLens` is scored with and without its translators (rows
+    "tuned" and "logit", or those named in ``variants``); any other lens as itself."""
+    readout = _Readout(lens, dtype)
     n_blocks, n = resid.shape[0] - 1, resid.shape[1]
-    variants = ["logit", "tuned"] if isinstance(lens, TunedLens) else [lens.name]
+    if variants is None:
+        variants = ["logit", "tuned"] if isinstance(lens, TunedLens) else [lens.name]
     kl = {v: torch.zeros(n_blocks, dtype=torch.float64) for v in variants}
     agree = {v: torch.zeros(n_blocks, dtype=torch.float64) for v in variants}
     for s in range(0, n, chunk):
@@ -372,22 +413,25 @@ def _ridge_init(
     """Per layer, the weighted ridge regression of the RMS-normalised final residual
     on h_ℓ (intercept unpenalised), written as A = Wᵀ - I, b = intercept."""
     d = resid.shape[-1]
-    y = resid[-1].double()
+    y = resid[-1]
     y = y * (math.sqrt(d) / y.norm(dim=-1, keepdim=True).clamp_min(1e-12))
-    w = (weights / weights.sum()).double()[:, None]
+    w = (weights / weights.sum())[:, None]
     y_mean = (w * y).sum(0)
     yc = y - y_mean
     eye = torch.eye(d, dtype=torch.float64)
     for l in range(lens.n_blocks):
-        x = resid[l].double()
+        # Centred float32 products (the slow part) are accurate enough; the solve
+        # runs in float64.
+        x = resid[l]
         x_mean = (w * x).sum(0)
         xc = x - x_mean
-        xtx = xc.T @ (w * xc)
-        xty = xc.T @ (w * yc)
+        wx = w * xc
+        xtx = (xc.T @ wx).double()
+        xty = (wx.T @ yc).double()
         lam = ridge * float(torch.diagonal(xtx).mean())
         W = torch.linalg.solve(xtx + lam * eye, xty)  # [d_in, d_out]
         lens.A.data[l] = (W.T - eye).float()
-        lens.b.data[l] = (y_mean - x_mean @ W).float()
+        lens.b.data[l] = (y_mean.double() - x_mean.double() @ W).float()
 
 
 def train_tuned_lens(
@@ -415,9 +459,7 @@ def train_tuned_lens(
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
 
-    train, held = _make_splits(model, texts_list if texts_list is not None else _default_texts(), cfg)
-    resid = _cache_residuals(model, train, "tuned lens: caching residuals", progress)
-    resid_held = _cache_residuals(model, held, "tuned lens: caching held-out", progress)
+    train, held, resid, resid_held = _residuals_for(model, texts_list, cfg, progress)
     timing["cache_s"] = time.perf_counter() - t0
 
     lens = TunedLens(model)
@@ -435,13 +477,33 @@ def train_tuned_lens(
         _ridge_init(lens, resid, weights, cfg.ridge)
     timing["init_s"] = time.perf_counter() - t1
 
+    eval_dtype = torch.bfloat16 if cfg.eval_dtype == "bfloat16" else torch.float32
+    t3 = time.perf_counter()
+    metrics_init = None
+    if cfg.init == "ridge" and cfg.steps > 0:
+        # Recorded so the sidecar shows what the Adam steps add to the closed form.
+        metrics_init = heldout_metrics(lens, resid_held, dtype=eval_dtype, variants=["tuned"])
+    timing["eval_s"] = time.perf_counter() - t3
+
     t2 = time.perf_counter()
     losses = _adam(lens, fast, resid, weights, cfg, gen, progress)
     timing["train_s"] = time.perf_counter() - t2
 
     t3 = time.perf_counter()
-    metrics = heldout_metrics(lens, resid_held)
-    timing["eval_s"] = time.perf_counter() - t3
+    metrics = heldout_metrics(lens, resid_held, dtype=eval_dtype)
+    timing["eval_s"] += time.perf_counter() - t3
+    eval_check = None
+    if eval_dtype != torch.float32:
+        # How far the bfloat16 metrics are from float32 ones, on a slice.
+        t4 = time.perf_counter()
+        sub = resid_held[:, :128]
+        a, b = heldout_metrics(lens, sub, dtype=eval_dtype), heldout_metrics(lens, sub)
+        eval_check = {
+            "positions": int(sub.shape[1]),
+            "max_abs_kl_diff": float((a["kl"] - b["kl"]).abs().max()),
+            "max_abs_agreement_diff": float((a["top1_agreement"] - b["top1_agreement"]).abs().max()),
+        }
+        timing["eval_check_s"] = time.perf_counter() - t4
     timing["total_s"] = time.perf_counter() - t0
     # CPU seconds of all this process's threads: on a machine shared with other jobs,
     # cpu_s / torch threads estimates the wall time the same run takes when quiet.
@@ -462,6 +524,8 @@ def train_tuned_lens(
         "downweighted_token_ids": down_ids,
         "downweighted_share": float((weights < 1).float().mean()),
         "heldout": metrics.to_dict("records"),
+        "eval_dtype_check": eval_check,
+        "heldout_after_init": None if metrics_init is None else metrics_init.to_dict("records"),
         "train_loss": losses,
         "timing": timing,
         "load_average": {"start": load0, "end": _load_average()},
@@ -688,3 +752,51 @@ def get_tuned_lens(
     lens = train_tuned_lens(model, texts, cfg, seed=cfg.seed, progress=progress, downweight=cfg.downweight)
     save_lens(lens, path)
     return lens
+
+
+# ---------------------------------------------------------------------------
+# Comparing lenses on prompts
+
+
+def compare_lenses(
+    model,
+    prompts: Sequence[str],
+    lenses: Mapping[str, Lens],
+    *,
+    frequent_ids: Sequence[int] = (),
+    convention: str = "canonical",
+    top_k: int = 1,
+    on_overflow: Literal["error", "truncate"] = "error",
+    progress: bool = True,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Decode the last position of every prompt through each lens.
+
+    Returns ``(per_layer, steps)``: ``per_layer`` is DataFrame[lens, layer, kl,
+    top1_agreement, frequent_share, n] — mean KL(final ‖ lens), share of prompts
+    whose lens top-1 equals the model's final top-1, and share whose top-1 is in
+    ``frequent_ids`` (e.g. the corpus's Top-10 tokens); ``steps`` is the trajectory
+    engine's per-(item, layer) rows of all lenses, with a ``lens`` column."""
+    from depthkit.trajectories import trajectories
+
+    if not lenses:
+        raise ValueError("compare_lenses needs at least one lens, e.g. {'logit': LogitLens(model)}.")
+    frequent = np.asarray(list(frequent_ids), dtype=np.int64)
+    frames = []
+    for name, lens in lenses.items():
+        tr = trajectories(
+            model, list(prompts), lens=lens, convention=convention, top_k=top_k, on_overflow=on_overflow, progress=progress
+        )
+        steps = tr.steps.copy()
+        final = tr.target("final")[["item", "layer", "token_id"]].rename(columns={"token_id": "final_id"})
+        steps = steps.merge(final, on=["item", "layer"], how="left")
+        steps["agrees"] = steps["top1_id"] == steps["final_id"]
+        steps["frequent"] = np.isin(steps["top1_id"].to_numpy(), frequent)
+        steps.insert(0, "lens", name)
+        frames.append(steps)
+    steps = pd.concat(frames, ignore_index=True)
+    per_layer = (
+        steps.groupby(["lens", "layer"], sort=False)
+        .agg(kl=("kl_to_final", "mean"), top1_agreement=("agrees", "mean"), frequent_share=("frequent", "mean"), n=("item", "size"))
+        .reset_index()
+    )
+    return per_layer, steps

@@ -10,7 +10,13 @@ that nothing was logged as an error.
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +25,8 @@ import nbformat
 import pytest
 
 from depthkit import book
+from depthkit.chapters import available_chapters
+from depthkit.models import DEFAULT_MODEL
 
 pytestmark = pytest.mark.slow
 
@@ -74,15 +82,20 @@ def _chapter_notebook(path: Path) -> None:
     nbformat.write(nb, path)
 
 
-@pytest.fixture(scope="module")
-def built_book(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("book")
+def _book_root(root: Path) -> Path:
+    """A book folder with the repository's configuration and prose pages."""
     for name in ("_config.yml", "_toc.yml"):
         shutil.copy(REPO / name, root / name)
     (root / "book").mkdir()
     for path in (REPO / "book").iterdir():
         if path.is_file():
             shutil.copy(path, root / "book" / path.name)
+    return root
+
+
+@pytest.fixture(scope="module")
+def built_book(tmp_path_factory) -> Path:
+    root = _book_root(tmp_path_factory.mktemp("book"))
     (root / "notebooks").mkdir()
     chapter = _Chapter("90", "90_browser_test", "Browser test", root / "notebooks" / "90_browser_test.ipynb")
     _chapter_notebook(chapter.notebook)
@@ -94,18 +107,24 @@ def _pages(html: Path) -> list[Path]:
     return sorted(p for p in html.rglob("*.html") if not {"_static", "_sources"} & set(p.relative_to(html).parts))
 
 
-def test_every_page_works_offline(built_book: Path) -> None:
+def _require_browser() -> Any:
     if not Path(CHROMIUM).exists():
         pytest.skip("Debian's chromium is not installed (apt-get install chromium; scripts/install.sh --test does it)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    return pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 
-    pages = _pages(built_book)
-    names = {p.relative_to(built_book).as_posix() for p in pages}
-    assert {"index.html", "book/methods.html", "book/chapters/90_browser_test.html", "book/glossary.html"} <= names
 
-    blocked: list[str] = []
-    problems: list[str] = []
-    charts_seen: dict[str, int] = {}
+@dataclass
+class _Visit:
+    blocked: list[str] = field(default_factory=list)  # requests that were not file://
+    problems: list[str] = field(default_factory=list)  # console errors, page errors, failed loads
+    charts: dict[str, int] = field(default_factory=dict)  # page -> number of charts drawn
+    texts: dict[str, str] = field(default_factory=dict)  # page -> text of its main element
+
+
+def _visit_every_page(html: Path, on_page: Any = None) -> _Visit:
+    """Open every page with the network blocked; wait for charts and math."""
+    sync_api = _require_browser()
+    visit = _Visit()
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         context = browser.new_context()
@@ -114,48 +133,80 @@ def test_every_page_works_offline(built_book: Path) -> None:
             if r.request.url.startswith("file://"):
                 r.continue_()
             else:
-                blocked.append(r.request.url)
+                visit.blocked.append(r.request.url)
                 r.abort()
 
         context.route("**/*", route)
         page = context.new_page()
-        page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
-        page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+        page.on("console", lambda m: visit.problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+        page.on("pageerror", lambda e: visit.problems.append(f"page error: {e}"))
         # Aborted requests are either ours (recorded in `blocked`) or cancelled by
         # leaving a page; a missing local file fails with another reason.
         page.on(
             "requestfailed",
-            lambda r: problems.append(f"request failed: {r.url} ({r.failure})") if r.failure != "net::ERR_ABORTED" else None,
+            lambda r: visit.problems.append(f"request failed: {r.url} ({r.failure})")
+            if r.failure != "net::ERR_ABORTED"
+            else None,
         )
-        for path in pages:
-            name = path.relative_to(built_book).as_posix()
+        for path in _pages(html):
+            name = path.relative_to(html).as_posix()
             page.goto(path.as_uri(), wait_until="networkidle")
             n_charts = page.locator(".depthkit-chart").count()
-            charts_seen[name] = n_charts
             if n_charts:
                 page.wait_for_function(
                     "() => [...document.querySelectorAll('.depthkit-chart')]"
                     ".every(el => el.querySelector('svg, canvas'))",
-                    timeout=20_000,
+                    timeout=30_000,
                 )
+            visit.charts[name] = n_charts
             if page.locator(".math").count():
                 page.wait_for_function("() => document.querySelectorAll('mjx-container').length > 0", timeout=20_000)
                 assert page.locator("mjx-container").count() >= page.locator(".math").count(), name
-            if name == "book/chapters/90_browser_test.html":
-                _check_tooltip(page)
-                text = page.inner_text("main")
-                assert book.WIDGET_NOTE in text
-                assert "chart JavaScript loaded" not in text  # the bundle output was removed
-                assert "0%|" not in text  # progress-bar widgets were removed
+            visit.texts[name] = page.inner_text("main") if page.locator("main").count() else ""
+            if on_page is not None:
+                on_page(name, page)
         browser.close()
-
-    assert blocked == [], f"pages tried to reach the network: {blocked}"
-    assert problems == []
-    assert charts_seen["book/chapters/90_browser_test.html"] == 2
+    return visit
 
 
-def _check_tooltip(page: Any) -> None:
-    """Hovering a bar of the first chart shows vega-tooltip's element."""
+def test_every_page_works_offline(built_book: Path) -> None:
+    tooltips: list[str] = []
+
+    def on_page(name: str, page: Any) -> None:
+        if name == "book/chapters/90_browser_test.html":
+            tooltips.append(_tooltip_text(page))
+
+    visit = _visit_every_page(built_book, on_page)
+    assert {"index.html", "book/methods.html", "book/chapters/90_browser_test.html", "book/glossary.html"} <= set(
+        visit.charts
+    )
+    assert visit.blocked == [], f"pages tried to reach the network: {visit.blocked}"
+    assert visit.problems == []
+    assert visit.charts["book/chapters/90_browser_test.html"] == 2
+    assert "share" in tooltips[0]
+    text = visit.texts["book/chapters/90_browser_test.html"]
+    assert book.WIDGET_NOTE in text
+    assert "chart JavaScript loaded" not in text  # the bundle output was removed
+    assert "0%|" not in text  # progress-bar widgets were removed
+
+
+def test_smoke_book_of_every_chapter_works_offline(tmp_path: Path) -> None:
+    """The real chapters, executed with their smoke parameters on the default
+    model, built into a book and opened page by page."""
+    _require_browser()
+    chapters = available_chapters()
+    if not chapters:
+        pytest.skip("no chapter notebook exists yet under notebooks/")
+    root = _book_root(tmp_path)
+    index = book.build_book(DEFAULT_MODEL, chapters, smoke=True, root=root, results_root=tmp_path / "results")
+    visit = _visit_every_page(index.parent)
+    assert {f"book/chapters/{c.slug}.html" for c in chapters} <= set(visit.charts)
+    assert visit.blocked == [], f"pages tried to reach the network: {visit.blocked}"
+    assert visit.problems == []
+
+
+def _tooltip_text(page: Any) -> str:
+    """Hover the bars of the first chart until vega-tooltip shows its element."""
     chart = page.locator(".depthkit-chart").first
     chart.scroll_into_view_if_needed()
     box = chart.locator("canvas, svg").first.bounding_box()
@@ -165,6 +216,72 @@ def _check_tooltip(page: Any) -> None:
             page.mouse.move(box["x"] + fx * box["width"], box["y"] + fy * box["height"])
             page.wait_for_timeout(150)
             if page.locator("#vg-tooltip-element.visible").count():
-                assert "share" in page.inner_text("#vg-tooltip-element")
-                return
+                return page.inner_text("#vg-tooltip-element")
     pytest.fail("no tooltip appeared when hovering the bars of the first chart")
+
+
+def test_charts_render_in_jupyterlab_offline(tmp_path: Path) -> None:
+    """Run the throwaway chapter in a real JupyterLab with the network blocked:
+    the charts draw from the bundle that plots.enable() displays."""
+    sync_api = _require_browser()
+    _chapter_notebook(tmp_path / "charts.ipynb")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = "depthkit-test"
+    cmd = [
+        sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
+        f"--ServerApp.token={token}", f"--ServerApp.root_dir={tmp_path}", "--expose-app-in-browser",
+    ]  # fmt: skip
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-root")
+    log = (tmp_path / "lab.log").open("w")
+    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    base = f"http://127.0.0.1:{port}"
+    blocked: list[str] = []
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"JupyterLab did not start; see {tmp_path / 'lab.log'}")
+                time.sleep(0.5)
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            context = browser.new_context(viewport={"width": 1400, "height": 1000})
+
+            def route(r: Any) -> None:
+                if r.request.url.startswith((base, base.replace("http", "ws"), "data:")):
+                    r.continue_()
+                else:
+                    blocked.append(r.request.url)
+                    r.abort()
+
+            context.route("**/*", route)
+            page = context.new_page()
+            page.goto(f"{base}/lab/tree/charts.ipynb?token={token}")
+            page.wait_for_function("() => window.jupyterapp && document.querySelector('.jp-Notebook')", timeout=90_000)
+            page.wait_for_function(
+                "() => document.querySelector('.jp-Notebook-ExecutionIndicator, .jp-Toolbar-kernelStatus') !== null",
+                timeout=30_000,
+            )
+            page.wait_for_timeout(3000)  # let the kernel session settle before running
+            page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            page.wait_for_function(
+                "() => { const c = [...document.querySelectorAll('.depthkit-chart')];"
+                " return c.length === 2 && c.every(el => el.querySelector('svg, canvas')); }",
+                timeout=120_000,
+            )
+            browser.close()
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+    assert blocked == [], f"JupyterLab page tried to reach the network: {blocked}"

@@ -249,3 +249,25 @@ def test_bad_input_messages():
         metrics.bucket_shares(STEPS.drop(columns="top1_id"), FREQ)
     with pytest.raises(ValueError, match="empty"):
         metrics.bucket_shares(STEPS.iloc[:0], FREQ)
+
+
+def test_adjusted_difference_recovers_a_known_effect():
+    cov = np.array([0.0, 1.0, 2.0, 1.5, 2.5, 3.5])
+    cls = np.array(["f", "f", "f", "c", "c", "c"])
+    onset = 2 + 3 * cov + 5 * (cls == "c")  # exactly linear: the fit is exact, so is every resample
+    out = metrics.adjusted_difference(pd.DataFrame({"o": onset, "g": cls, "x": cov}), "o", "g", "x", a="f", b="c", n_boot=50)
+    r = out.iloc[0]
+    assert r["estimate"] == pytest.approx(5) and r["slope"] == pytest.approx(3)
+    assert r["lo"] == pytest.approx(5) and r["hi"] == pytest.approx(5)
+    # A pure frequency effect: the raw difference is large, the adjusted one is zero.
+    rng = np.random.default_rng(0)
+    x = np.r_[rng.uniform(0, 2, 50), rng.uniform(1, 3, 50)]
+    g = np.r_[["f"] * 50, ["c"] * 50]
+    y = 4 * x + rng.normal(scale=0.1, size=100)
+    df = pd.DataFrame({"o": y, "g": g, "x": x})
+    raw = df.loc[df.g == "c", "o"].mean() - df.loc[df.g == "f", "o"].mean()
+    adj = metrics.adjusted_difference(df, "o", "g", "x", a="f", b="c", n_boot=200).iloc[0]
+    assert raw > 3
+    assert abs(adj["estimate"]) < 0.1 and adj["lo"] < 0 < adj["hi"]
+    # one group missing: no estimate, no crash
+    assert np.isnan(metrics.adjusted_difference(df[df.g == "f"], "o", "g", "x", a="f", b="c").iloc[0]["estimate"])

@@ -242,3 +242,37 @@ def test_trajectory_engine_accepts_the_lens(model, trained, tmp_path, monkeypatc
     assert by_name.path.is_relative_to(tmp_path)
     auth = trajectories(model, prompts, lens=by_name, convention="authors", progress=False)
     assert sorted(auth.steps.layer.unique()) == list(range(1, last + 1))
+
+
+def test_bfloat16_metrics_stay_close_to_float32(model, trained):
+    resid = torch.randn(model.cfg.n_layers + 1, 64, model.cfg.d_model)
+    a = heldout_metrics(trained, resid, dtype=torch.bfloat16)
+    b = heldout_metrics(trained, resid)
+    assert (a["kl"] - b["kl"]).abs().max() < 0.02
+    check = trained.meta["eval_dtype_check"]
+    assert check["positions"] > 0 and check["max_abs_kl_diff"] < 0.02
+
+
+def test_gemma_family_trains_too():
+    gemma = dk.load_model("tiny-gemma3", seed=0, n_layers=2)
+    lens = train_tuned_lens(gemma, TEXT, dict(CFG, steps=5), progress=False)
+    kl = _kl(lens)
+    assert (kl["tuned"] < kl["logit"]).all(), kl
+
+
+def test_compare_lenses(model, trained):
+    from depthkit.tuned_lens import compare_lenses
+
+    prompts = ["The cat sat on the", "In 1905 Albert Einstein", "Water boils at"]
+    the = dk.models.tokenizer_of(model)(" the", add_special_tokens=False)["input_ids"]
+    per_layer, steps = compare_lenses(
+        model, prompts, {"logit": LogitLens(model), "tuned": trained}, frequent_ids=the, progress=False
+    )
+    assert set(per_layer["lens"]) == {"logit", "tuned"} and (per_layer["n"] == len(prompts)).all()
+    last = per_layer[per_layer["layer"] == model.cfg.n_layers]
+    assert (last["top1_agreement"] == 1.0).all() and (last["kl"].abs() < 1e-5).all()
+    row = steps[(steps["lens"] == "tuned") & (steps["layer"] == 1)]
+    want = float((row["top1_id"].isin(the)).mean())
+    assert per_layer.set_index(["lens", "layer"]).loc[("tuned", 1), "frequent_share"] == pytest.approx(want)
+    with pytest.raises(ValueError, match="at least one lens"):
+        compare_lenses(model, prompts, {})
