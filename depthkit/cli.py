@@ -132,6 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except book.BookError as err:
         print(f"depthkit {args.command}: {err}", file=sys.stderr)
         return 1
+    except ImportError as err:  # a missing optional package says how to install it
+        print(f"depthkit {args.command}: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"depthkit {args.command}: interrupted", file=sys.stderr)
         return 130

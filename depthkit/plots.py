@@ -455,6 +455,9 @@ def option_layers_chart(shares: Any, estimates: Any | None = None, *, title: str
             )
             .properties(width=300, height=200, title=measure)
         )
+        if not panels:
+            # Defined in the first panel only; the others refer to it (one legend filter for all).
+            line = line.add_params(pick)
         if estimates is not None and measure in (names["collected_share"], names["final_share"]):
             col = "collection_layer" if measure == names["collected_share"] else "decision_layer"
             est = _plain(estimates)
@@ -467,7 +470,7 @@ def option_layers_chart(shares: Any, estimates: Any | None = None, *, title: str
             )
             line = line + rules
         panels.append(line)
-    return alt.vconcat(alt.hconcat(*panels[:2]), alt.hconcat(*panels[2:])).add_params(pick).properties(title=title)
+    return alt.vconcat(alt.hconcat(*panels[:2]), alt.hconcat(*panels[2:])).properties(title=title)
 
 
 def patching_chart(shares: Any, *, marks: Any | None = None, title: str = "Activation patching, layer by layer") -> alt.Chart:

@@ -151,6 +151,11 @@ def test_option_ranks_on_tiny_model(tiny_llama):
     assert r.groupby("item")["is_gold"].sum().eq(L + 1).all()
     s = collection_reasoning(r)
     assert s[s.layer == L]["final_share"].eq(1.0).all()
+    r2, trajs = option_ranks(tiny_llama, f, lens="logit", progress=False, return_trajectories=True)
+    pd.testing.assert_frame_equal(r, r2)
+    assert sorted(trajs) == ["a", "b"]
+    gold = trajs["a"].target("gold")
+    assert gold["token_id"].drop_duplicates().tolist() == [f.option_ids[0][0], f.option_ids[1][1]]
     same = pd.DataFrame({"task": ["x"], "prompt": ["a"], "options": [[" a", " a"]], "gold": [0], "example": [0]})
     with pytest.raises(ValueError, match="share a first token"):
         add_option_ids(tiny_llama, same)

@@ -168,3 +168,13 @@ def test_pos_examples_from_a_folder_or_a_passage_file(nlp, tmp_path, monkeypatch
     got = pos.pos_examples(passages, 2, ["DET", "NOUN"], progress=False)
     want = pos.pos_dataset(2, ["DET", "NOUN"], passages=PASSAGES, nlp=nlp, cache=False, progress=False)
     pd.testing.assert_frame_equal(got, want)
+
+
+@pytest.mark.integration
+def test_correctness_filter_on_smollm2(smollm2):
+    ex = pd.DataFrame(
+        {"tag": ["PROPN", "PROPN"], "prompt": ["The capital of France is"] * 2, "answer": [" Paris", " London"]}
+    )
+    res = pos.correctness_filter(smollm2, ex, progress=False)
+    assert res.checked["correct"].tolist() == [True, False]
+    assert res.checked["greedy_token"].iloc[0] == " Paris"

@@ -276,3 +276,11 @@ def test_compare_lenses(model, trained):
     assert per_layer.set_index(["lens", "layer"]).loc[("tuned", 1), "frequent_share"] == pytest.approx(want)
     with pytest.raises(ValueError, match="at least one lens"):
         compare_lenses(model, prompts, {})
+
+
+def test_adam_after_the_ridge_start_does_not_undo_it(model, trained):
+    init = {r["layer"]: r["kl"] for r in trained.meta["heldout_after_init"]}
+    after = _kl(trained)["tuned"]
+    assert after.mean() <= 1.02 * (sum(init.values()) / len(init)), (init, after)
+    loss = trained.meta["train_loss"]
+    assert sum(loss[-5:]) / 5 <= loss[0] * 1.02, loss
