@@ -36,8 +36,8 @@ CHAPTERS: dict[str, Chapter] = {
             "Part of speech and depth",
             smoke={"n_candidates": 8, "n_per_tag": 4, "max_k": 1000, "k_per_decade": 2, "n_boot": 50, "lens_budget": "smoke"},
         ),
-        Chapter("05", "05_residual_phase_change", "A phase change in the residual stream", smoke={}),
-        Chapter("06", "06_depth_score", "Depth scores and early exit", smoke={}),
+        Chapter("05", "05_residual_phase_change", "A phase change in the residual stream", smoke={"n_texts": 4, "max_tokens": 32, "n_skip_texts": 1, "n_boot": 20, "lens_budget": "smoke"}),
+        Chapter("06", "06_depth_score", "Depth scores and early exit", smoke={"n_texts": 4, "max_tokens": 32, "n_verify_texts": 1, "min_group": 3, "n_boot": 20, "lens_budget": "smoke"}),
         Chapter("07", "07_across_models", "Across models", smoke={}),
     ]
 }

@@ -255,7 +255,7 @@ def onset_curve(
     by = list(by)
     _require(onsets, [*by, "k", "onset"], "The onsets frame")
     rows = []
-    for key, g in onsets.groupby([*by, "k"], sort=True):
+    for key, g in onsets.groupby([*by, "k"], sort=True, observed=True):
         key = key if isinstance(key, tuple) else (key,)
         v = g["onset"].to_numpy(dtype=float)
         reached = v[~np.isnan(v)]

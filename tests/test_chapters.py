@@ -1,0 +1,168 @@
+"""Every chapter, end to end, on the real default model with its smoke parameters.
+
+* the whole book is built from smoke runs of every chapter (the CI smoke build);
+* every chapter validates its parameters before doing any work;
+* a run killed midway loses nothing and the next run succeeds;
+* the same parameters and seed give byte-identical result tables.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from depthkit import book
+from depthkit.chapters import available_chapters, chapter
+from depthkit.models import DEFAULT_MODEL
+from depthkit.params import ParameterError
+from depthkit.results import load_run
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parent.parent
+CHAPTERS = available_chapters()
+
+
+@pytest.fixture(scope="session")
+def smoke_book(tmp_path_factory):
+    """The README's book command in smoke mode: every chapter executed with tiny
+    parameters on the real default model, then the HTML built."""
+    results = tmp_path_factory.mktemp("smoke-results")
+    start = time.perf_counter()
+    index = book.build_book(
+        model=DEFAULT_MODEL, chapters=CHAPTERS, smoke=True, force=True, results_root=results, progress=False
+    )
+    print(f"\nsmoke book: {len(CHAPTERS)} chapters built in {time.perf_counter() - start:.0f} s")
+    return Path(index), results
+
+
+def test_every_chapter_executes_and_records_complete_results(smoke_book):
+    index, results = smoke_book
+    assert index.is_file()
+    for ch in CHAPTERS:
+        executed = REPO / "book" / "chapters" / f"{ch.slug}.ipynb"
+        assert executed.is_file(), ch.slug
+        nb = nbformat.read(executed, as_version=4)
+        errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
+        assert not errors, f"{ch.slug}: {errors[:1]}"
+        assert (index.parent / "book" / "chapters" / f"{ch.slug}.html").is_file(), ch.slug
+        if ch.id != "07":  # 07 only gathers the other chapters' results
+            run = load_run(DEFAULT_MODEL, ch.slug, root=results)
+            assert run.manifest["status"] == "complete"
+            assert run.tables, ch.slug
+
+
+def _cells(ch) -> tuple[str, str]:
+    """Source of the parameters cell and of the validation cell that follows it."""
+    nb = nbformat.read(ch.notebook, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    i = next(i for i, c in enumerate(code) if "parameters" in c.metadata.get("tags", []))
+    return code[i].source, code[i + 1].source
+
+
+def _defaults(source: str) -> dict:
+    out = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            out[node.targets[0].id] = ast.literal_eval(node.value)
+    return out
+
+
+def _bad_values(defaults: dict) -> list[tuple[str, object]]:
+    """A wrong-type and an out-of-range value for the first integer parameter."""
+    name = next(k for k, v in defaults.items() if isinstance(v, int) and not isinstance(v, bool) and k != "seed")
+    return [(name, "many"), (name, -7)]
+
+
+@pytest.mark.parametrize("ch", CHAPTERS, ids=[c.slug for c in CHAPTERS])
+def test_every_chapter_validates_its_parameters_first(ch):
+    params_src, check_src = _cells(ch)
+    assert "check_params" in check_src, f"{ch.slug}: the cell after the parameters must validate them"
+    defaults = _defaults(params_src)
+    for name, value in _bad_values(defaults):
+        ns: dict = {}
+        exec(params_src, ns)  # noqa: S102 - the notebook's own parameters cell
+        ns[name] = value  # what papermill's injected cell does
+        with pytest.raises(ParameterError) as err:
+            exec(check_src, ns)  # noqa: S102
+        assert name in str(err.value) and repr(value).strip("'") in str(err.value)
+    ns = {}
+    exec(params_src, ns)  # noqa: S102
+    exec(check_src, ns)  # noqa: S102 - the defaults themselves are valid
+
+
+def test_a_bad_parameter_through_the_command_line_fails_fast_and_clearly(tmp_path):
+    ch = CHAPTERS[0]
+    name, _ = _bad_values(_defaults(_cells(ch)[0]))[0]
+    start = time.perf_counter()
+    out = subprocess.run(
+        [sys.executable, "-m", "depthkit.cli", "run", ch.id, "-p", f"{name}=-7", "--results", str(tmp_path)],
+        capture_output=True, text=True, cwd=REPO, timeout=600,
+    )
+    assert out.returncode != 0
+    assert "ParameterError" in out.stderr and name in out.stderr
+    assert "Traceback" not in out.stderr
+    assert time.perf_counter() - start < 120  # stopped before loading the model or training a lens
+    assert not any(tmp_path.rglob("manifest.json"))
+
+
+def _run_chapter(ch, results: Path, **popen) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "depthkit.cli", "run", ch.id, "--smoke", "--results", str(results)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, **popen,
+    )
+
+
+def test_a_killed_run_loses_nothing_and_the_next_run_succeeds(smoke_book):
+    _, results = smoke_book
+    ch = chapter("01")
+    before = load_run(DEFAULT_MODEL, ch.slug, root=results)
+    before_bytes = {p.name: p.read_bytes() for p in before.path.iterdir()}
+    executed = REPO / "book" / "chapters" / f"{ch.slug}.ipynb"
+    executed_before = executed.read_bytes()
+
+    proc = _run_chapter(ch, results)
+    staging = results / before.path.parent.name
+    deadline = time.time() + 300
+    # Kill once the new run has started writing its staging folder, or after 60 s.
+    while time.time() < deadline and proc.poll() is None:
+        if any(staging.glob(f".{ch.slug}.partial-*/*.parquet")) or time.time() > deadline - 240:
+            break
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+    after = load_run(DEFAULT_MODEL, ch.slug, root=results)
+    assert {p.name: p.read_bytes() for p in after.path.iterdir()} == before_bytes
+    assert executed.read_bytes() == executed_before
+    for partial in staging.glob(f".{ch.slug}.partial-*"):
+        assert not (partial / "manifest.json").exists()
+
+    proc = _run_chapter(ch, results)
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out[-3000:]
+    assert load_run(DEFAULT_MODEL, ch.slug, root=results).manifest["status"] == "complete"
+
+
+def test_same_parameters_and_seed_give_byte_identical_tables(smoke_book, tmp_path):
+    _, results = smoke_book
+    ch = chapter("01")
+    first = load_run(DEFAULT_MODEL, ch.slug, root=results)
+    proc = _run_chapter(ch, tmp_path)
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out[-3000:]
+    second = load_run(DEFAULT_MODEL, ch.slug, root=tmp_path)
+    names = sorted(p.name for p in first.path.glob("*.parquet"))
+    assert names and names == sorted(p.name for p in second.path.glob("*.parquet"))
+    for name in names:
+        assert (first.path / name).read_bytes() == (second.path / name).read_bytes(), name
+    for key in ("params", "seed", "model"):
+        assert first.manifest[key] == second.manifest[key]
