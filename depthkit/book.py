@@ -40,6 +40,9 @@ MATHJAX_VERSION = "3.2.2"
 KERNEL_NAME = "depthkit-python"
 # Packages whose version changes what a chapter computes or shows.
 _VERSIONED_PACKAGES = ("torch", "transformer-lens", "transformers", "altair", "papermill", "numpy", "pandas")
+# The runner itself runs outside the chapters' kernels: editing it does not
+# change what a chapter computes.
+_RUNNER_FILES = {"book.py", "cli.py"}
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # tqdm's notebook bars are widgets whose saved text is the bar as first drawn
 # ("  0%|   | 0/3"): without the widget's live updates it would mislead.
@@ -129,10 +132,13 @@ def chapter_params(
 
 
 def source_fingerprint() -> str:
-    """Hash of depthkit's code and data files and of the versions of the packages
-    that shape results: a change to any of them makes every chapter stale."""
+    """Hash of depthkit's code and data files (but the runner's) and of the
+    versions of the packages that shape results: a change to any of them makes
+    every chapter stale."""
     digest = hashlib.sha256()
     for path in sorted(PACKAGE_DIR.rglob("*")):
+        if path.relative_to(PACKAGE_DIR).as_posix() in _RUNNER_FILES:
+            continue
         if path.is_file() and path.suffix in {".py", ".json", ".jsonl"} and "__pycache__" not in path.parts:
             digest.update(path.relative_to(PACKAGE_DIR).as_posix().encode())
             digest.update(path.read_bytes())
@@ -433,7 +439,10 @@ def build_book(
 
 
 def _duration(seconds: float) -> str:
-    return f"{seconds:.1f} s" if seconds < 120 else f"{int(seconds // 60)} min {seconds % 60:.0f} s"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    whole = round(seconds)
+    return f"{whole // 60} min {whole % 60} s"
 
 
 # --------------------------------------------------------------------------- Sphinx hooks

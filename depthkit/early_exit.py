@@ -121,11 +121,12 @@ def early_exit_table(
                 index=["item", "position"], columns="target", values="token_id", aggfunc="first"
             )[list(options)]
             gold_ids = traj.target(gold).drop_duplicates(["item", "position"]).set_index(["item", "position"])["token_id"]
-            gold_idx = pd.Series(
-                [int(np.flatnonzero(opt_ids.loc[k].to_numpy() == gold_ids.loc[k])[0]) for k in opt_ids.index],
-                index=opt_ids.index,
-                name="gold_choice",
-            )
+            hits = [np.flatnonzero(opt_ids.loc[k].to_numpy() == gold_ids.loc[k]) for k in opt_ids.index]
+            missing = [k for k, h in zip(opt_ids.index, hits) if len(h) == 0]
+            if missing:
+                raise ValueError(f"The gold token is not among the option tokens for (item, position) {missing[:5]}; "
+                                 "give a gold target that is one of the options.")
+            gold_idx = pd.Series([int(h[0]) for h in hits], index=opt_ids.index, name="gold_choice")
             df = df.merge(gold_idx.reset_index(), on=["item", "position"])
             df["choice_correct"] = df["choice"] == df["gold_choice"]
     agg = {"agreement": ("agree", "mean"), "n": ("agree", "size")}

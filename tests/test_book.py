@@ -107,6 +107,11 @@ def test_source_fingerprint_is_stable() -> None:
     assert book.source_fingerprint() == book.source_fingerprint()
 
 
+@pytest.mark.parametrize(("seconds", "text"), [(3.21, "3.2 s"), (119.94, "119.9 s"), (359.6, "6 min 0 s"), (754, "12 min 34 s")])
+def test_duration_format(seconds: float, text: str) -> None:
+    assert book._duration(seconds) == text
+
+
 def test_is_current_needs_matching_stamp_and_notebook(tmp_path: Path) -> None:
     executed, stamp, _ = book.output_paths(tmp_path, "90_tiny")
     assert not book.is_current(tmp_path, "90_tiny", "h1")

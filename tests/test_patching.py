@@ -185,3 +185,5 @@ def test_early_exit_table(tiny_llama):
     assert row.choice_accuracy == pytest.approx(np.mean([c == 0 for c in choice]))
     with pytest.raises(ValueError):
         exit_logits(model, TARGETS, L + 1, lens=lens)
+    with pytest.raises(ValueError, match="not among the option tokens"):
+        early_exit_table(traj, gold="opt1", options=["opt0"])
