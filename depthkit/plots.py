@@ -299,7 +299,8 @@ def _lines_with_band(
     layers = []
     if "lo" in data.columns:
         tooltip += [alt.Tooltip("lo:Q", format=".1%", title="95% CI low"), alt.Tooltip("hi:Q", format=".1%", title="95% CI high")]
-        layers.append(base.mark_area(opacity=0.15).encode(y="lo:Q", y2="hi:Q"))
+        band_opacity = alt.condition(pick, alt.value(0.15), alt.value(0.03))
+        layers.append(base.mark_area().encode(y="lo:Q", y2="hi:Q", opacity=band_opacity))
     layers.append(base.mark_line().encode(y=alt.Y(f"{y}:Q", title=y_title, axis=alt.Axis(format="%"))))
     size = alt.Size("n:Q", title="prompts", scale=alt.Scale(range=[10, 120])) if "n" in data.columns else alt.value(30)
     layers.append(base.mark_point(filled=True).encode(y=f"{y}:Q", size=size, tooltip=tooltip))
