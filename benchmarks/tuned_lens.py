@@ -3,7 +3,8 @@ per-layer KL(final ‖ lens) next to the logit lens.
 
     HF_HUB_OFFLINE=1 python benchmarks/tuned_lens.py                  # smollm2-135m, default budget
     HF_HUB_OFFLINE=1 python benchmarks/tuned_lens.py --model gemma3-270m
-    HF_HUB_OFFLINE=1 python benchmarks/tuned_lens.py --downweight top10
+    HF_HUB_OFFLINE=1 python benchmarks/tuned_lens.py --downweight none the top10   # + bias-check lenses
+    HF_HUB_OFFLINE=1 python benchmarks/tuned_lens.py --budget '{"steps": 100}'     # ridge + Adam
 
 Targets (smollm2-135m, 2 CPU cores): training <= 15 minutes; tuned KL below the
 logit lens at every layer ℓ < L and >= 50 % lower on average over the first half

@@ -331,7 +331,15 @@ def onset_curve_chart(
     order = _order(curves[color])
     pick = alt.selection_point(fields=[color], bind="legend")
     y_scale = alt.Scale(domain=[0, n_layers]) if n_layers else alt.Scale(zero=True)
-    dash = alt.StrokeDash("word_class:N", title="word class") if "word_class" in data.columns else alt.value([1, 0])
+    dash = (
+        alt.StrokeDash(
+            "word_class:N",
+            title="word class",
+            scale=alt.Scale(domain=["function", "content", "other"], range=[[1, 0], [6, 4], [2, 2]]),
+        )
+        if "word_class" in data.columns
+        else alt.value([1, 0])
+    )
     base = alt.Chart(data, title=title).encode(
         x=alt.X("k:Q", scale=alt.Scale(type="log"), title="k (answer rank ≤ k)"),
         color=alt.Color(f"{color}:N", sort=order),
@@ -341,7 +349,7 @@ def onset_curve_chart(
     layers = [base.mark_line().encode(y=alt.Y("mean_onset:Q", title="mean earliest layer", scale=y_scale), strokeDash=dash)]
     if "lo" in data.columns:
         tooltip += [alt.Tooltip("lo:Q", format=".2f"), alt.Tooltip("hi:Q", format=".2f")]
-        layers.append(base.mark_errorbar().encode(y="lo:Q", y2="hi:Q"))
+        layers.append(base.mark_errorbar().encode(y=alt.Y("lo:Q", title="mean earliest layer", scale=y_scale), y2="hi:Q"))
     layers.append(base.mark_point(filled=True).encode(y="mean_onset:Q", tooltip=tooltip))
     return alt.layer(*layers).add_params(pick).properties(width=620, height=300)
 
@@ -383,7 +391,11 @@ def onset_distribution_chart(
     if summary is not None:
         s = _plain(summary)
         stip = [f"{group}:N", alt.Tooltip("estimate:Q", format=".2f", title="mean"), alt.Tooltip("lo:Q", format=".2f"), alt.Tooltip("hi:Q", format=".2f"), "n:Q"]
-        layers.append(alt.Chart(s).mark_errorbar(color="black", thickness=2).encode(x=x, y="lo:Q", y2="hi:Q", tooltip=stip))
+        layers.append(
+            alt.Chart(s)
+            .mark_errorbar(color="black", thickness=2)
+            .encode(x=x, y=alt.Y("lo:Q", title="layer", scale=y_scale), y2="hi:Q", tooltip=stip)
+        )
         layers.append(alt.Chart(s).mark_point(color="black", shape="diamond", filled=True, size=70).encode(x=x, y="estimate:Q", tooltip=stip))
     return alt.layer(*layers, title=title).properties(width=520, height=300)
 

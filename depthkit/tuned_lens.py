@@ -14,11 +14,14 @@ What makes it affordable here:
   extra unembedding per position instead of storing N x vocab log-probabilities);
 * a closed-form start: per layer, a ridge regression from h_ℓ to the
   RMS-normalised final residual (the readout is scale-invariant, so the scale of
-  the target does not matter); this alone removes most of the KL;
-* then a few hundred Adam steps on the KL itself, layer by layer (the layers'
-  losses are independent, so each backward pass only holds one layer's logits),
-  with the unembedding matmuls in bfloat16 (about twice as fast on these CPUs);
-  held-out metrics are computed in float32.
+  the target does not matter). On smollm2-135m this alone cuts the held-out KL
+  by 65-96 % at every layer, which is why the default budget stops there;
+* optional Adam steps on the KL itself (``steps`` > 0), layer by layer (the
+  layers' losses are independent, so each backward pass holds one layer's
+  logits), in standardised coordinates (see :func:`_adam`), with the unembedding
+  products in bfloat16 (two to three times faster than float32 on these CPUs);
+* held-out metrics with bfloat16 products too; each run records how far they are
+  from float32 on a slice (``eval_dtype_check`` in the sidecar).
 
 Saved lenses are safetensors weights plus a JSON sidecar in
 ``<cache>/lenses/<model>/<config-hash>.safetensors|.json`` (cache: env
