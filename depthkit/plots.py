@@ -6,8 +6,8 @@ Vega renderer stops at Vega-Lite 5 while Altair 6 writes Vega-Lite 6 specs. So
 depthkit renders each chart as a small HTML snippet that waits for a global
 ``vegaEmbed``, and provides that global from a local JavaScript bundle:
 
-* in a live kernel (JupyterLab, VS Code), :func:`enable` displays the bundle once
-  as an output of its own cell;
+* in a live kernel (JupyterLab), :func:`enable` displays the bundle once, as an
+  output of the cell that calls it;
 * in the built book the runner (:mod:`depthkit.book`) removes that output again
   and ships the same bundle once, as a static file of the book.
 

@@ -207,6 +207,9 @@ def collect_residuals(
     layers = list(range(n_blocks + 1)) if layers is None else list(layers)
     names = residual_hook_names(n_blocks)
     device = next(model.parameters()).device
+    # With device_map the blocks may sit on several devices; residuals are gathered
+    # where the readout (unembedding) lives, which is where they are decoded.
+    out_device = model.unembed.weight.device if hasattr(model.unembed, "weight") else device
     width = max(len(it.tokens) for it in items)
     tokens = torch.full((len(items), width), _pad_id(model), dtype=torch.long)
     mask = torch.zeros((len(items), width), dtype=torch.long)
@@ -222,7 +225,7 @@ def collect_residuals(
 
     def grab(depth: int):
         def hook(x, hook):  # noqa: ARG001 - TransformerLens hook signature
-            out[depth] = x[bi, pi].detach().float()
+            out[depth] = x[bi.to(x.device), pi.to(x.device)].detach().float().to(out_device)
             return x
 
         return hook

@@ -788,35 +788,62 @@ def compare_lenses(
     *,
     frequent_ids: Sequence[int] = (),
     convention: str = "canonical",
-    top_k: int = 1,
+    batch_size: int = 16,
     on_overflow: Literal["error", "truncate"] = "error",
     progress: bool = True,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Decode the last position of every prompt through each lens.
+    """Decode the last position of every prompt through each lens, with one forward
+    pass for all lenses (the trajectory engine's residual collection and decoding).
 
     Returns ``(per_layer, steps)``: ``per_layer`` is DataFrame[lens, layer, kl,
     top1_agreement, frequent_share, n] — mean KL(final ‖ lens), share of prompts
     whose lens top-1 equals the model's final top-1, and share whose top-1 is in
-    ``frequent_ids`` (e.g. the corpus's Top-10 tokens); ``steps`` is the trajectory
-    engine's per-(item, layer) rows of all lenses, with a ``lens`` column."""
-    from depthkit.trajectories import trajectories
+    ``frequent_ids`` (e.g. the corpus's Top-10 tokens); ``steps`` has one row per
+    (lens, item, layer): top1_id, top1_prob, kl_to_final, final_id, agrees, frequent."""
+    from depthkit.lenses import LayerStep, layer_plan
+    from depthkit.trajectories import collect_residuals, decode_residuals, make_items
 
     if not lenses:
         raise ValueError("compare_lenses needs at least one lens, e.g. {'logit': LogitLens(model)}.")
+    items = make_items(model, list(prompts), positions="last", on_overflow=on_overflow)
+    n_blocks = int(model.cfg.n_layers)
+    plan = layer_plan(n_blocks, convention)  # type: ignore[arg-type]
+    needed = sorted({s.layer for s in plan} | {n_blocks})
+    local = [LayerStep(needed.index(s.layer), s.translator) for s in plan]
+    layer_ids = np.array([s.layer for s in plan])
     frequent = np.asarray(list(frequent_ids), dtype=np.int64)
+    order = sorted(range(len(items)), key=lambda i: len(items[i].tokens))
     frames = []
-    for name, lens in lenses.items():
-        tr = trajectories(
-            model, list(prompts), lens=lens, convention=convention, top_k=top_k, on_overflow=on_overflow, progress=progress
-        )
-        steps = tr.steps.copy()
-        final = tr.target("final")[["item", "layer", "token_id"]].rename(columns={"token_id": "final_id"})
-        steps = steps.merge(final, on=["item", "layer"], how="left")
-        steps["agrees"] = steps["top1_id"] == steps["final_id"]
-        steps["frequent"] = np.isin(steps["top1_id"].to_numpy(), frequent)
-        steps.insert(0, "lens", name)
-        frames.append(steps)
+    bar = tqdm(total=len(items), desc=f"{len(lenses)} lenses", unit="prompt", disable=not progress, leave=False)
+    for start in range(0, len(order), batch_size):
+        batch = order[start : start + batch_size]
+        resid = collect_residuals(model, [items[i] for i in batch], needed)
+        for name, lens in lenses.items():
+            dec = decode_residuals(lens, local, resid, None, top_k=1)
+            n_steps, n_pos = dec.kl.shape
+            top1 = dec.top_ids[..., 0].reshape(-1).numpy()
+            final = np.tile(dec.final_top1.numpy(), n_steps)
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "lens": name,
+                        "item": np.tile(np.array(batch), n_steps),
+                        "layer": np.repeat(layer_ids, n_pos),
+                        "top1_id": top1,
+                        "top1_prob": dec.top_probs[..., 0].reshape(-1).numpy(),
+                        "kl_to_final": dec.kl.reshape(-1).numpy(),
+                        "final_id": final,
+                        "agrees": top1 == final,
+                        "frequent": np.isin(top1, frequent),
+                    }
+                )
+            )
+        bar.update(len(batch))
+    bar.close()
     steps = pd.concat(frames, ignore_index=True)
+    steps["lens"] = pd.Categorical(steps["lens"], categories=list(lenses))
+    steps = steps.sort_values(["lens", "item", "layer"], kind="stable").reset_index(drop=True)
+    steps["lens"] = steps["lens"].astype(str)
     per_layer = (
         steps.groupby(["lens", "layer"], sort=False)
         .agg(kl=("kl_to_final", "mean"), top1_agreement=("agrees", "mean"), frequent_share=("frequent", "mean"), n=("item", "size"))

@@ -15,6 +15,11 @@ $pip install torch==2.13.0
 $pip install -r requirements.txt
 $pip install --no-deps -r requirements-nodeps.txt
 $pip install --no-deps -e .
+# MathJax for the offline book, from the npm registry (Node.js's npm).
+if ! command -v npm >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
+  (apt-get update -qq && apt-get install -y -qq npm >/dev/null) || true
+fi
+bash scripts/fetch_js.sh
 if [ "${1:-}" = "--test" ]; then
   $pip install -r requirements-test.txt
   # Debian's Chromium drives the offline browser test; Playwright's own

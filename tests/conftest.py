@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import time
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -38,3 +41,38 @@ def smollm2():
     import depthkit as dk
 
     return dk.load_model("smollm2-135m")
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def book_root_copy(root: Path) -> Path:
+    """A book folder with the repository's configuration and prose pages, so test
+    builds never touch the repository's own book/chapters or _build."""
+    for name in ("_config.yml", "_toc.yml"):
+        shutil.copy(REPO / name, root / name)
+    (root / "book").mkdir()
+    for path in (REPO / "book").iterdir():
+        if path.is_file():
+            shutil.copy(path, root / "book" / path.name)
+    return root
+
+
+@pytest.fixture(scope="session")
+def smoke_book(tmp_path_factory):
+    """The CI smoke build, done once per session: every chapter executed with its
+    smoke parameters on the real default model, then the HTML book built.
+    Returns (index.html, results root)."""
+    from depthkit import book
+    from depthkit.chapters import available_chapters
+    from depthkit.models import DEFAULT_MODEL
+
+    chapters = available_chapters()
+    if not chapters:
+        pytest.skip("no chapter notebook exists yet under notebooks/")
+    root = book_root_copy(tmp_path_factory.mktemp("smoke-book"))
+    results = root / "results"
+    start = time.perf_counter()
+    index = book.build_book(DEFAULT_MODEL, chapters, smoke=True, force=True, root=root, results_root=results)
+    print(f"\nsmoke book: {len(chapters)} chapters executed and built in {time.perf_counter() - start:.0f} s")
+    return Path(index), results

@@ -23,6 +23,7 @@ from typing import Any
 
 import nbformat
 import pytest
+from conftest import book_root_copy
 
 from depthkit import book
 from depthkit.chapters import available_chapters
@@ -82,20 +83,9 @@ def _chapter_notebook(path: Path) -> None:
     nbformat.write(nb, path)
 
 
-def _book_root(root: Path) -> Path:
-    """A book folder with the repository's configuration and prose pages."""
-    for name in ("_config.yml", "_toc.yml"):
-        shutil.copy(REPO / name, root / name)
-    (root / "book").mkdir()
-    for path in (REPO / "book").iterdir():
-        if path.is_file():
-            shutil.copy(path, root / "book" / path.name)
-    return root
-
-
 @pytest.fixture(scope="module")
 def built_book(tmp_path_factory) -> Path:
-    root = _book_root(tmp_path_factory.mktemp("book"))
+    root = book_root_copy(tmp_path_factory.mktemp("book"))
     (root / "notebooks").mkdir()
     chapter = _Chapter("90", "90_browser_test", "Browser test", root / "notebooks" / "90_browser_test.ipynb")
     _chapter_notebook(chapter.notebook)
@@ -190,15 +180,12 @@ def test_every_page_works_offline(built_book: Path) -> None:
     assert "0%|" not in text  # progress-bar widgets were removed
 
 
-def test_smoke_book_of_every_chapter_works_offline(tmp_path: Path) -> None:
+def test_smoke_book_of_every_chapter_works_offline(smoke_book) -> None:
     """The real chapters, executed with their smoke parameters on the default
     model, built into a book and opened page by page."""
     _require_browser()
+    index, _ = smoke_book
     chapters = available_chapters()
-    if not chapters:
-        pytest.skip("no chapter notebook exists yet under notebooks/")
-    root = _book_root(tmp_path)
-    index = book.build_book(DEFAULT_MODEL, chapters, smoke=True, root=root, results_root=tmp_path / "results")
     visit = _visit_every_page(index.parent)
     assert {f"book/chapters/{c.slug}.html" for c in chapters} <= set(visit.charts)
     assert visit.blocked == [], f"pages tried to reach the network: {visit.blocked}"

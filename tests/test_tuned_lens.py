@@ -284,3 +284,14 @@ def test_adam_after_the_ridge_start_does_not_undo_it(model, trained):
     assert after.mean() <= 1.02 * (sum(init.values()) / len(init)), (init, after)
     loss = trained.meta["train_loss"]
     assert sum(loss[-5:]) / 5 <= loss[0] * 1.02, loss
+
+
+def test_compare_lenses_matches_the_trajectory_engine(model, trained):
+    from depthkit.tuned_lens import compare_lenses
+
+    prompts = ["The cat sat on the", "In 1905 Albert Einstein wrote four", "Water"]
+    per_layer, steps = compare_lenses(model, prompts, {"tuned": trained}, batch_size=2, progress=False)
+    tr = trajectories(model, prompts, lens=trained, progress=False)
+    got = steps.sort_values(["item", "layer"]).reset_index(drop=True)
+    assert got["top1_id"].tolist() == tr.steps["top1_id"].tolist()
+    assert got["kl_to_final"].to_numpy() == pytest.approx(tr.steps["kl_to_final"].to_numpy(), abs=1e-5)
