@@ -8,7 +8,7 @@ position just before it. Per token, the earliest layer at which the answer token
 rank is ≤ k (:func:`depthkit.metrics.onset_layers`), grouped by answer length and
 by whether the model's own prediction of that token is right.
 
-Data: the project's curated set (``depthkit/data/facts.jsonl``: capitals,
+Data: the project's curated set (``depthkit/datafiles/facts.jsonl``: capitals,
 languages, currencies, chemical symbols, authors, founders, birthplaces, painters,
 composers, continents, inventors; phrased by us), TriviaQA as ``Q: ... A:``
 prompts (embedded), or a user's file of ``{"prompt", "answer"}`` records.
@@ -27,7 +27,7 @@ from depthkit import data as dkdata
 from depthkit.lenses import Lens, resolve_lens
 from depthkit.trajectories import Item, answer_token_ids, encode, trajectories
 
-FACTS_PATH = Path(__file__).resolve().parent / "data" / "facts.jsonl"
+FACTS_PATH = Path(__file__).resolve().parent / "datafiles" / "facts.jsonl"
 LENGTH_GROUPS = ("1", "2", "3", "4+")
 # Demonstrations for TriviaQA prompts, written by us, so that a base model answers in
 # the "Q: / A:" format.
