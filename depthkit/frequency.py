@@ -22,6 +22,8 @@ import numpy as np
 import pandas as pd
 from jaxtyping import Int
 
+from depthkit.cache import cache_dir
+
 __all__ = [
     "BUCKETS",
     "bigram_successors",
@@ -40,9 +42,7 @@ _BUCKET_UPPER = (10, 100, 1000)
 _FORMAT = 1  # bump when the cached tables' layout or counting rule changes
 
 
-def default_cache_dir() -> Path:
-    """``$DEPTHKIT_CACHE`` or ``~/.cache/depthkit``."""
-    return Path(os.environ.get("DEPTHKIT_CACHE") or Path.home() / ".cache" / "depthkit").expanduser()
+default_cache_dir = cache_dir
 
 
 # ---------------------------------------------------------------- counting

@@ -26,6 +26,8 @@ from typing import Any
 
 import altair as alt
 
+from depthkit.cache import cache_dir
+
 RENDERER = "depthkit"
 # Output metadata key that marks the bundle output, so the book runner can drop it.
 BUNDLE_MARK = "depthkit_vega_bundle"
@@ -51,11 +53,6 @@ def _vega_lite_version() -> str:
     return f"{major}.{minor}"
 
 
-def _cache_dir() -> Path:
-    """``$DEPTHKIT_CACHE/js`` (default ``~/.cache/depthkit/js``), like depthkit's other caches."""
-    return Path(os.environ.get("DEPTHKIT_CACHE") or Path.home() / ".cache" / "depthkit").expanduser() / "js"
-
-
 def bundle_path() -> Path:
     """Path of the cached JavaScript bundle (vega + vega-lite + vega-embed), built on
     first use from the installed ``vl-convert-python``."""
@@ -69,7 +66,7 @@ def bundle_path() -> Path:
         ) from err
     vl = _vega_lite_version()
     versions = f"vega{vl_convert.get_vega_version()}-vl{vl}-embed{vl_convert.get_vega_embed_version()}"
-    path = _cache_dir() / f"depthkit-vega-{_BUNDLE_FORMAT}-{versions}.js"
+    path = cache_dir("js") / f"depthkit-vega-{_BUNDLE_FORMAT}-{versions}.js"
     if not path.is_file():
         # The bundle declares top-level constants (one is `_`, which Sphinx's
         # doctools.js also declares): a function scope keeps them off the page's

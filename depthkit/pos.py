@@ -32,6 +32,8 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from depthkit.cache import cache_dir
+
 FUNCTION_TAGS: tuple[str, ...] = ("DET", "ADP", "PUNCT")
 CONTENT_TAGS: tuple[str, ...] = ("NOUN", "VERB", "ADJ")
 TAGS: tuple[str, ...] = FUNCTION_TAGS + CONTENT_TAGS
@@ -59,11 +61,6 @@ def _check_tags(tags: Sequence[str]) -> list[str]:
     if len(set(tags)) != len(tags):
         raise ValueError(f"Tags repeat in {tags}; give each tag once.")
     return tags
-
-
-def cache_dir() -> Path:
-    """The depthkit cache folder (env ``DEPTHKIT_CACHE``, else ``~/.cache/depthkit``)."""
-    return Path(os.environ.get("DEPTHKIT_CACHE") or Path.home() / ".cache" / "depthkit")
 
 
 def load_spacy():
@@ -185,7 +182,7 @@ def pos_dataset(
         "passages": _fingerprint(passages),
     }
     key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16]
-    path = cache_dir() / "pos" / f"pos-{key}.parquet"
+    path = cache_dir("pos", f"pos-{key}.parquet")
     if cache and path.is_file():
         return pd.read_parquet(path)
 

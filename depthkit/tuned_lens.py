@@ -35,7 +35,6 @@ import hashlib
 import json
 import math
 import os
-import re
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -50,8 +49,10 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from depthkit.cache import cache_dir as default_cache_dir
 from depthkit.lenses import Lens
 from depthkit.models import ModelInfo, model_info, tokenizer_of
+from depthkit.results import model_slug
 
 Downweight = Literal["the", "top10"] | None
 DOWNWEIGHT_SETS: tuple[str, ...] = ("the", "top10")
@@ -626,15 +627,6 @@ def _load_average() -> list[float] | None:
 
 # ---------------------------------------------------------------------------
 # Saving and loading
-
-
-def default_cache_dir() -> Path:
-    """``$DEPTHKIT_CACHE`` or ``~/.cache/depthkit``."""
-    return Path(os.environ.get("DEPTHKIT_CACHE") or Path.home() / ".cache" / "depthkit").expanduser()
-
-
-def model_slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name.strip("/")).strip("_") or "model"
 
 
 def config_hash(cfg: TrainConfig, info: ModelInfo, texts: Sequence[str] | None) -> str:

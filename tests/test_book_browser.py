@@ -27,7 +27,6 @@ from conftest import book_root_copy
 
 from depthkit import book
 from depthkit.chapters import available_chapters
-from depthkit.models import DEFAULT_MODEL
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,6 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from depthkit import book
 from depthkit.chapters import available_chapters, chapter
 from depthkit.models import DEFAULT_MODEL
 from depthkit.params import ParameterError
