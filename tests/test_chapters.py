@@ -46,12 +46,13 @@ def test_every_chapter_executes_and_records_complete_results(smoke_book):
             assert run.tables, ch.slug
 
 
-def _cells(ch) -> tuple[str, str]:
-    """Source of the parameters cell and of the validation cell that follows it."""
+def _cells(ch) -> tuple[str, str, str]:
+    """Source of the cells before the parameters cell (imports), of the parameters
+    cell, and of the validation cell that follows it."""
     nb = nbformat.read(ch.notebook, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
     i = next(i for i, c in enumerate(code) if "parameters" in c.metadata.get("tags", []))
-    return code[i].source, code[i + 1].source
+    return "\n".join(c.source for c in code[:i]), code[i].source, code[i + 1].source
 
 
 def _defaults(source: str) -> dict:
@@ -63,31 +64,37 @@ def _defaults(source: str) -> dict:
 
 
 def _bad_values(defaults: dict) -> list[tuple[str, object]]:
-    """A wrong-type and an out-of-range value for the first integer parameter."""
-    name = next(k for k, v in defaults.items() if isinstance(v, int) and not isinstance(v, bool) and k != "seed")
-    return [(name, "many"), (name, -7)]
+    """A wrong-type and an out-of-range value for the first integer parameter (a
+    wrong-type value for the first list parameter in chapters without one)."""
+    ints = [k for k, v in defaults.items() if isinstance(v, int) and not isinstance(v, bool) and k != "seed"]
+    if ints:
+        return [(ints[0], "many"), (ints[0], -7)]
+    lists = [k for k, v in defaults.items() if isinstance(v, list)]
+    return [(lists[0], 5)]
 
 
 @pytest.mark.parametrize("ch", CHAPTERS, ids=[c.slug for c in CHAPTERS])
 def test_every_chapter_validates_its_parameters_first(ch):
-    params_src, check_src = _cells(ch)
+    setup_src, params_src, check_src = _cells(ch)
+    setup: dict = {}
+    exec(setup_src, setup)  # noqa: S102 - the notebook's own imports
     assert "check_params" in check_src, f"{ch.slug}: the cell after the parameters must validate them"
     defaults = _defaults(params_src)
     for name, value in _bad_values(defaults):
-        ns: dict = {}
+        ns = dict(setup)
         exec(params_src, ns)  # noqa: S102 - the notebook's own parameters cell
         ns[name] = value  # what papermill's injected cell does
         with pytest.raises(ParameterError) as err:
             exec(check_src, ns)  # noqa: S102
         assert name in str(err.value) and repr(value).strip("'") in str(err.value)
-    ns = {}
+    ns = dict(setup)
     exec(params_src, ns)  # noqa: S102
     exec(check_src, ns)  # noqa: S102 - the defaults themselves are valid
 
 
 def test_a_bad_parameter_through_the_command_line_fails_fast_and_clearly(tmp_path):
     ch = CHAPTERS[0]
-    name, _ = _bad_values(_defaults(_cells(ch)[0]))[0]
+    name, _ = _bad_values(_defaults(_cells(ch)[1]))[0]
     start = time.perf_counter()
     out = subprocess.run(
         [sys.executable, "-m", "depthkit.cli", "run", ch.id, "-p", f"{name}=-7", "--results", str(tmp_path)],
