@@ -125,13 +125,15 @@ def test_a_killed_run_loses_nothing_and_the_next_run_succeeds(smoke_book):
     proc = _run_chapter(ch, results)
     staging = results / before.path.parent.name
     deadline = time.time() + 300
-    # Kill once the new run has started writing its staging folder, or after 60 s.
-    while time.time() < deadline and proc.poll() is None:
-        if any(staging.glob(f".{ch.slug}.partial-*/*.parquet")) or time.time() > deadline - 240:
-            break
-        time.sleep(0.5)
+    # Kill the moment the new run has opened its staging folder: mid-run, with the
+    # model loaded and results about to be written.
+    while not any(staging.glob(f".{ch.slug}.partial-*")):
+        assert proc.poll() is None, "the run ended before it could be interrupted: " + proc.stdout.read()[-2000:]
+        assert time.time() < deadline, "the run never started writing results"
+        time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    assert proc.returncode == -signal.SIGKILL
 
     after = load_run(DEFAULT_MODEL, ch.slug, root=results)
     assert {p.name: p.read_bytes() for p in after.path.iterdir()} == before_bytes
@@ -157,5 +159,7 @@ def test_same_parameters_and_seed_give_byte_identical_tables(smoke_book, tmp_pat
     assert names and names == sorted(p.name for p in second.path.glob("*.parquet"))
     for name in names:
         assert (first.path / name).read_bytes() == (second.path / name).read_bytes(), name
-    for key in ("params", "seed", "model"):
+    for key in ("seed", "model"):
         assert first.manifest[key] == second.manifest[key]
+    differ = {k for k in first.params if first.params[k] != second.params.get(k)}
+    assert differ == {"results_root"}  # the only thing the two runs were told differently
