@@ -25,7 +25,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from depthkit.lenses import Lens, resolve_lens
-from depthkit.trajectories import Item, Trajectories, _pad_id, make_items
+from depthkit.trajectories import Item, Trajectories, batch_tensors, make_items
 
 
 @torch.no_grad()
@@ -51,21 +51,11 @@ def exit_logits(
         raise ValueError("No prompts given.")
     items = list(prompts) if isinstance(prompts[0], Item) else make_items(model, prompts)  # type: ignore[arg-type]
     lens_obj = resolve_lens(model, lens, **lens_kwargs)
-    device = next(model.parameters()).device
-    width = max(len(it.tokens) for it in items)
-    tokens = torch.full((len(items), width), _pad_id(model), dtype=torch.long)
-    mask = torch.zeros((len(items), width), dtype=torch.long)
-    rows_b, rows_p = [], []
-    for b, it in enumerate(items):
-        tokens[b, : len(it.tokens)] = torch.tensor(it.tokens)
-        mask[b, : len(it.tokens)] = 1
-        rows_b += [b] * len(it.positions)
-        rows_p += it.positions
-    bi, pi = torch.tensor(rows_b, device=device), torch.tensor(rows_p, device=device)
+    tokens, mask, bi, pi = batch_tensors(model, items)
     if layer == n_blocks:
-        logits = model(tokens.to(device), attention_mask=mask.to(device))
+        logits = model(tokens, attention_mask=mask)
         return logits[bi, pi].float()
-    h = model(tokens.to(device), attention_mask=mask.to(device), stop_at_layer=int(layer))
+    h = model(tokens, attention_mask=mask, stop_at_layer=int(layer))
     return lens_obj(h[bi, pi].float(), int(layer)).float()
 
 

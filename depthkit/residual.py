@@ -33,7 +33,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from depthkit.lenses import LogitLens
-from depthkit.trajectories import Item, Trajectories, _pad_id, encode
+from depthkit.trajectories import Item, Trajectories, batch_tensors, encode
 
 
 # ---------------------------------------------------------------------------
@@ -83,27 +83,6 @@ def passage_items(
             f"All {len(texts)} texts are shorter than min_tokens={min_tokens} tokens; lower min_tokens or pass longer texts."
         )
     return items
-
-
-def _batch_tensors(model, items: Sequence[Item]):
-    """Right-padded token ids, attention mask, and (batch, position) indices of the
-    positions of interest, item by item."""
-    device = next(model.parameters()).device
-    width = max(len(it.tokens) for it in items)
-    tokens = torch.full((len(items), width), _pad_id(model), dtype=torch.long)
-    mask = torch.zeros((len(items), width), dtype=torch.long)
-    rows_b, rows_p = [], []
-    for b, it in enumerate(items):
-        tokens[b, : len(it.tokens)] = torch.tensor(it.tokens)
-        mask[b, : len(it.tokens)] = 1
-        rows_b += [b] * len(it.positions)
-        rows_p += it.positions
-    return (
-        tokens.to(device),
-        mask.to(device),
-        torch.tensor(rows_b, device=device),
-        torch.tensor(rows_p, device=device),
-    )
 
 
 def _batches(items: Sequence[Item], batch_size: int) -> list[list[int]]:
@@ -174,7 +153,7 @@ def update_stats(model, items: Sequence[Item], *, batch_size: int = 8, progress:
     bar = tqdm(total=len(items), desc="update norms", unit="text", disable=not progress, leave=False)
     for batch in _batches(items, batch_size):
         chunk = [items[i] for i in batch]
-        tokens, mask, bi, pi = _batch_tensors(model, chunk)
+        tokens, mask, bi, pi = batch_tensors(model, chunk)
         held: dict[str, Tensor] = {}
         sums: dict[int, dict[str, Tensor]] = {}
 
@@ -490,7 +469,7 @@ def skip_block_effects(
     bar = tqdm(total=len(items) * len(blocks), desc="skip blocks", unit="pass", disable=not progress, leave=False)
     for batch in _batches(items, batch_size):
         chunk = [items[i] for i in batch]
-        tokens, mask, bi, pi = _batch_tensors(model, chunk)
+        tokens, mask, bi, pi = batch_tensors(model, chunk)
 
         def run(extra_hooks: list) -> Tensor:
             got: dict[int, Tensor] = {}

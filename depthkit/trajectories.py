@@ -188,6 +188,27 @@ def _pad_id(model) -> int:
     return 0
 
 
+def batch_tensors(model, items: Sequence[Item]):
+    """Right-padded token ids, attention mask, and (batch, position) indices of the
+    positions of interest, item by item."""
+    device = next(model.parameters()).device
+    width = max(len(it.tokens) for it in items)
+    tokens = torch.full((len(items), width), _pad_id(model), dtype=torch.long)
+    mask = torch.zeros((len(items), width), dtype=torch.long)
+    rows_b, rows_p = [], []
+    for b, it in enumerate(items):
+        tokens[b, : len(it.tokens)] = torch.tensor(it.tokens)
+        mask[b, : len(it.tokens)] = 1
+        rows_b += [b] * len(it.positions)
+        rows_p += it.positions
+    return (
+        tokens.to(device),
+        mask.to(device),
+        torch.tensor(rows_b, device=device),
+        torch.tensor(rows_p, device=device),
+    )
+
+
 def residual_hook_names(n_blocks: int) -> list[str]:
     """Hook names of the residual stream at depths 0..L."""
     return [f"blocks.{i}.hook_resid_pre" for i in range(n_blocks)] + [f"blocks.{n_blocks - 1}.hook_resid_post"]
@@ -210,17 +231,7 @@ def collect_residuals(
     # With device_map the blocks may sit on several devices; residuals are gathered
     # where the readout (unembedding) lives, which is where they are decoded.
     out_device = model.unembed.weight.device if hasattr(model.unembed, "weight") else device
-    width = max(len(it.tokens) for it in items)
-    tokens = torch.full((len(items), width), _pad_id(model), dtype=torch.long)
-    mask = torch.zeros((len(items), width), dtype=torch.long)
-    rows_b, rows_p = [], []
-    for b, it in enumerate(items):
-        tokens[b, : len(it.tokens)] = torch.tensor(it.tokens)
-        mask[b, : len(it.tokens)] = 1
-        rows_b += [b] * len(it.positions)
-        rows_p += it.positions
-    bi = torch.tensor(rows_b, device=device)
-    pi = torch.tensor(rows_p, device=device)
+    tokens, mask, bi, pi = batch_tensors(model, items)
     out: dict[int, Tensor] = {}
 
     def grab(depth: int):
@@ -234,7 +245,7 @@ def collect_residuals(
     # logits_to_keep=1: the model's full-sequence logits are never needed (the final
     # readout is recomputed at the positions of interest) and would cost
     # batch x seq x vocab floats.
-    model.run_with_hooks(tokens.to(device), attention_mask=mask.to(device), fwd_hooks=hooks, logits_to_keep=1)
+    model.run_with_hooks(tokens, attention_mask=mask, fwd_hooks=hooks, logits_to_keep=1)
     return torch.stack([out[d] for d in layers])
 
 
