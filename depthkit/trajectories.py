@@ -278,10 +278,13 @@ def decode_residuals(
     """
     n_steps, n_pos = len(plan), resid.shape[1]
     d_vocab = lens.d_vocab
-    # z, its softmax and one comparison mask are alive at once.
-    per_pos = n_steps * d_vocab * (4 + 4 + 1)
-    chunk = max(1, int(budget_mb * 2**20 // per_pos))
+    # z and one scratch tensor of the same size are alive at once.
+    per_pos = n_steps * d_vocab * (4 + 4)
+    chunk = min(n_pos, max(1, int(budget_mb * 2**20 // per_pos)))
     n_extra = 0 if extra_targets is None else extra_targets.shape[1]
+    # One scratch buffer for every chunk: fresh vocabulary-sized allocations each cost
+    # a round of page faults, which on CPU is as slow as the arithmetic itself.
+    scratch = torch.empty(n_steps * chunk * d_vocab, device=resid.device)
     parts: list[_Decoded] = []
     for start in range(0, n_pos, chunk):
         sl = slice(start, min(start + chunk, n_pos))
@@ -298,17 +301,21 @@ def decode_residuals(
         h = torch.stack([lens.translate(resid[s.layer, sl], s.translator) for s in plan])
         z = lens.readout(h)  # [step, c, vocab]
         del h
+        e = scratch[: z.numel()].view(z.shape)
         top_v, top_i = z.topk(top_k, dim=-1)
         t_logit = z.gather(-1, tgt.unsqueeze(0).expand(n_steps, -1, -1))
-        rank = torch.stack([(z > t_logit[..., j : j + 1]).sum(-1) for j in range(tgt.shape[1])], -1) + 1
-        p = torch.softmax(z, -1)  # one fused pass, cheaper than exp + logsumexp
-        # log-normaliser from the top-1 entry, whose probability never underflows
-        lse = top_v[..., 0] - torch.log(p.gather(-1, top_i[..., :1]).squeeze(-1))
-        entropy = lse - torch.einsum("scv,scv->sc", p, z)
-        del p
+        # rank = 1 + #{v: z_v > z_target}; counting 0/1 floats is several times faster
+        # than summing a bool mask and exact below 2**24 entries.
+        rank = torch.stack(
+            [torch.sub(z, t_logit[..., j : j + 1], out=e).gt_(0).sum(-1) for j in range(tgt.shape[1])], -1
+        ).long() + 1
+        torch.sub(z, top_v[..., :1], out=e).exp_()  # unnormalised softmax, max entry 1
+        mass = e.sum(-1)
+        lse = top_v[..., 0] + torch.log(mass)
+        entropy = lse - torch.einsum("scv,scv->sc", e, z) / mass
         cross = torch.einsum("cv,scv->sc", pf, z)  # Σ p_final · z
         kl = (neg_h_f[None] - cross + lse).clamp_min(0.0)
-        del z
+        del z, e
         parts.append(
             _Decoded(
                 top_ids=top_i,

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -44,6 +46,35 @@ def smollm2():
 
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class ToyChapter:
+    """A throwaway chapter for runner and book tests: same fields as
+    :class:`depthkit.chapters.Chapter`, but the notebook lives wherever the test puts it."""
+
+    id: str
+    slug: str
+    title: str
+    notebook: Path
+    smoke: dict[str, Any] = field(default_factory=dict)
+
+
+def toy_notebook(path: Path, params: str, cells: list[tuple[str, str]]) -> Path:
+    """Write a notebook: a tagged parameters cell, then ``(kind, source)`` cells
+    (kind ``"md"`` or ``"code"``)."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    p = nbformat.v4.new_code_cell(params)
+    p.metadata["tags"] = ["parameters"]
+    make = {"md": nbformat.v4.new_markdown_cell, "code": nbformat.v4.new_code_cell}
+    first = [make[k](src) for k, src in cells[:1] if k == "md"]
+    rest = [make[k](src) for k, src in cells[len(first):]]
+    nb.cells = [*first, p, *rest]
+    nbformat.write(nb, path)
+    return path
 
 
 def book_root_copy(root: Path) -> Path:

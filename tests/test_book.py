@@ -5,13 +5,13 @@ Uses tiny throwaway notebooks, never the real chapters."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import nbformat
 import pytest
 import yaml
+from conftest import ToyChapter, toy_notebook
 
 from depthkit import book, cli, plots
 from depthkit.chapters import CHAPTERS
@@ -19,28 +19,13 @@ from depthkit.chapters import CHAPTERS
 REPO = Path(__file__).resolve().parent.parent
 
 
-@dataclass
-class _Chapter:
-    id: str
-    slug: str
-    title: str
-    notebook: Path
-    smoke: dict[str, Any] = field(default_factory=dict)
-
-
 def _notebook(path: Path, body: str = "result = n * 2\nprint(result)") -> Path:
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    params = nbformat.v4.new_code_cell("model = 'none'\nresults_root = None\nn = 1\nfail = False")
-    params.metadata["tags"] = ["parameters"]
-    nb.cells = [nbformat.v4.new_markdown_cell("# Tiny"), params, nbformat.v4.new_code_cell(body)]
-    nbformat.write(nb, path)
-    return path
+    return toy_notebook(path, "model = 'none'\nresults_root = None\nn = 1\nfail = False", [("md", "# Tiny"), ("code", body)])
 
 
 @pytest.fixture
-def chapter(tmp_path: Path) -> _Chapter:
-    return _Chapter("90", "90_tiny", "Tiny chapter", _notebook(tmp_path / "90_tiny.ipynb"), smoke={"n": 2})
+def chapter(tmp_path: Path) -> ToyChapter:
+    return ToyChapter("90", "90_tiny", "Tiny chapter", _notebook(tmp_path / "90_tiny.ipynb"), smoke={"n": 2})
 
 
 # --------------------------------------------------------------------------- parameters
@@ -81,7 +66,7 @@ def test_parse_param_rejects_bad_input(text: str, message: str) -> None:
         book.parse_param(text)
 
 
-def test_chapter_params_order_shared_then_smoke_then_overrides(chapter: _Chapter, tmp_path: Path) -> None:
+def test_chapter_params_order_shared_then_smoke_then_overrides(chapter: ToyChapter, tmp_path: Path) -> None:
     full = book.chapter_params(chapter, "smollm2-135m", tmp_path / "res")
     assert full == {"model": "smollm2-135m", "results_root": str((tmp_path / "res").resolve())}
     smoke = book.chapter_params(chapter, "m", Path("relative/res"), smoke=True, extra={"model": "other", "k": 3})
@@ -92,7 +77,7 @@ def test_chapter_params_order_shared_then_smoke_then_overrides(chapter: _Chapter
 # --------------------------------------------------------------------------- stamps
 
 
-def test_run_hash_changes_with_notebook_params_and_code(chapter: _Chapter) -> None:
+def test_run_hash_changes_with_notebook_params_and_code(chapter: ToyChapter) -> None:
     base = book.run_hash(chapter.notebook, {"n": 1}, "code-a")
     assert base == book.run_hash(chapter.notebook, {"n": 1}, "code-a")
     assert base != book.run_hash(chapter.notebook, {"n": 2}, "code-a")
@@ -124,7 +109,7 @@ def test_is_current_needs_matching_stamp_and_notebook(tmp_path: Path) -> None:
     assert not book.is_current(tmp_path, "90_tiny", "h1")
 
 
-def test_unchanged_chapter_is_not_executed_again(chapter: _Chapter, tmp_path: Path) -> None:
+def test_unchanged_chapter_is_not_executed_again(chapter: ToyChapter, tmp_path: Path) -> None:
     out, work = tmp_path / "out", tmp_path / "work"
     first = book.execute_chapter(chapter, {"model": "m", "n": 5}, out, work_dir=work)
     assert first.status == "ran" and first.elapsed_s > 0
@@ -146,7 +131,7 @@ def test_unchanged_chapter_is_not_executed_again(chapter: _Chapter, tmp_path: Pa
 # --------------------------------------------------------------------------- failures and atomicity
 
 
-def test_failing_chapter_reports_cell_error_and_partial_path(chapter: _Chapter, tmp_path: Path) -> None:
+def test_failing_chapter_reports_cell_error_and_partial_path(chapter: ToyChapter, tmp_path: Path) -> None:
     _notebook(chapter.notebook, body="if fail:\n    raise ValueError(f'n must be small, got {n}')")
     out = tmp_path / "out"
     ok = book.execute_chapter(chapter, {"n": 1}, out, work_dir=tmp_path / "work")
@@ -166,7 +151,7 @@ def test_failing_chapter_reports_cell_error_and_partial_path(chapter: _Chapter, 
 
 
 def test_interrupted_run_leaves_nothing_that_looks_complete(
-    chapter: _Chapter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    chapter: ToyChapter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import papermill
 

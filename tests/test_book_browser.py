@@ -21,9 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import nbformat
 import pytest
-from conftest import book_root_copy
+from conftest import ToyChapter, book_root_copy, toy_notebook
 
 from depthkit import book
 from depthkit.chapters import available_chapters
@@ -42,52 +41,39 @@ CHROMIUM_ARGS = [
 ]
 
 
-@dataclass
-class _Chapter:
-    id: str
-    slug: str
-    title: str
-    notebook: Path
-    smoke: dict[str, Any] = field(default_factory=dict)
-
-
-def _chapter_notebook(path: Path) -> None:
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    params = nbformat.v4.new_code_cell("model = 'none'\nresults_root = None\nn = 6")
-    params.metadata["tags"] = ["parameters"]
-    nb.cells = [
-        nbformat.v4.new_markdown_cell(
-            "# Browser test chapter\n\nInline math $\\mathrm{KL}(p_L \\,\\|\\, q_\\ell)$ and a display:\n\n"
-            "$$q_\\ell = \\mathrm{softmax}\\big(W_U\\, \\mathrm{Norm}(h_\\ell)\\big)$$"
-        ),
-        params,
-        nbformat.v4.new_code_cell("import altair as alt\nimport pandas as pd\nfrom depthkit import plots\nplots.enable()"),
-        nbformat.v4.new_code_cell(
-            "df = pd.DataFrame({'layer': range(n), 'share': [(i + 1) / n for i in range(n)]})\n"
-            "pick = alt.selection_point(fields=['layer'])\n"
-            "(alt.Chart(df).mark_bar(size=40)\n"
-            " .encode(x='layer:O', y='share:Q', tooltip=['layer', 'share'],\n"
-            "         opacity=alt.condition(pick, alt.value(1.0), alt.value(0.3)))\n"
-            " .add_params(pick).properties(width=400, height=300))"
-        ),
-        nbformat.v4.new_code_cell(
-            "brush = alt.selection_interval(encodings=['x'])\n"
-            "line = alt.Chart(df).mark_line(point=True).encode(x='layer:Q', y='share:Q').add_params(brush)\n"
-            "line | alt.Chart(df).mark_bar().encode(x='layer:O', y='share:Q').transform_filter(brush)"
-        ),
-        nbformat.v4.new_code_cell("import ipywidgets as w\nw.VBox([w.Text('prompt'), w.IntSlider()])"),
-        nbformat.v4.new_code_cell("from tqdm.auto import tqdm\nfor _ in tqdm(range(3)):\n    pass"),
-    ]
-    nbformat.write(nb, path)
+_CHART_CELLS = [
+    (
+        "md",
+        "# Browser test chapter\n\nInline math $\\mathrm{KL}(p_L \\,\\|\\, q_\\ell)$ and a display:\n\n"
+        "$$q_\\ell = \\mathrm{softmax}\\big(W_U\\, \\mathrm{Norm}(h_\\ell)\\big)$$",
+    ),
+    ("code", "import altair as alt\nimport pandas as pd\nfrom depthkit import plots\nplots.enable()"),
+    (
+        "code",
+        "df = pd.DataFrame({'layer': range(n), 'share': [(i + 1) / n for i in range(n)]})\n"
+        "pick = alt.selection_point(fields=['layer'])\n"
+        "(alt.Chart(df).mark_bar(size=40)\n"
+        " .encode(x='layer:O', y='share:Q', tooltip=['layer', 'share'],\n"
+        "         opacity=alt.condition(pick, alt.value(1.0), alt.value(0.3)))\n"
+        " .add_params(pick).properties(width=400, height=300))",
+    ),
+    (
+        "code",
+        "brush = alt.selection_interval(encodings=['x'])\n"
+        "line = alt.Chart(df).mark_line(point=True).encode(x='layer:Q', y='share:Q').add_params(brush)\n"
+        "line | alt.Chart(df).mark_bar().encode(x='layer:O', y='share:Q').transform_filter(brush)",
+    ),
+    ("code", "import ipywidgets as w\nw.VBox([w.Text('prompt'), w.IntSlider()])"),
+    ("code", "from tqdm.auto import tqdm\nfor _ in tqdm(range(3)):\n    pass"),
+]
 
 
 @pytest.fixture(scope="module")
 def built_book(tmp_path_factory) -> Path:
     root = book_root_copy(tmp_path_factory.mktemp("book"))
     (root / "notebooks").mkdir()
-    chapter = _Chapter("90", "90_browser_test", "Browser test", root / "notebooks" / "90_browser_test.ipynb")
-    _chapter_notebook(chapter.notebook)
+    chapter = ToyChapter("90", "90_browser_test", "Browser test", root / "notebooks" / "90_browser_test.ipynb")
+    toy_notebook(chapter.notebook, "model = 'none'\nresults_root = None\nn = 6", _CHART_CELLS)
     index = book.build_book("none", [chapter], root=root, results_root=root / "results", echo=lambda _: None)
     return index.parent
 
