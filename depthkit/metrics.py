@@ -471,3 +471,16 @@ def adjusted_difference(
     return pd.DataFrame(
         [{"estimate": float(coef[2]), "lo": float(lo), "hi": float(hi), "slope": float(coef[1]), "n_a": len(ya), "n_b": len(yb)}]
     )
+
+
+def layers_later(diff: float, than: str | None = None, *, digits: int = 1) -> str:
+    """A signed layer difference in words: ``"16.9 layers later"``, ``"5.4 layers
+    earlier than function words"`` or ``"at the same layer as function words"`` (when
+    it rounds to zero), so generated prose never shows a negative "later"."""
+    if not np.isfinite(diff):
+        raise ValueError(f"No layer difference to describe: got {diff!r}.")
+    shown = round(abs(float(diff)), digits)
+    if shown == 0:
+        return "at the same layer" + (f" as {than}" if than else "")
+    unit = "layer" if shown == 1 else "layers"
+    return f"{shown:.{digits}f} {unit} {'later' if diff > 0 else 'earlier'}" + (f" than {than}" if than else "")

@@ -261,6 +261,11 @@ class _Decoded:
     final_top1: Int[Tensor, " pos"]
 
 
+# What decoding keeps alive per vocabulary entry of a row: the float32 logits and
+# one float32 scratch buffer of the same size (the budget counts these).
+BYTES_PER_VOCAB_ENTRY = 4 + 4
+
+
 @torch.no_grad()
 def decode_residuals(
     lens: Lens,
@@ -278,8 +283,7 @@ def decode_residuals(
     """
     n_steps, n_pos = len(plan), resid.shape[1]
     d_vocab = lens.d_vocab
-    # z and one scratch tensor of the same size are alive at once.
-    per_pos = n_steps * d_vocab * (4 + 4)
+    per_pos = n_steps * d_vocab * BYTES_PER_VOCAB_ENTRY
     chunk = min(n_pos, max(1, int(budget_mb * 2**20 // per_pos)))
     n_extra = 0 if extra_targets is None else extra_targets.shape[1]
     # One scratch buffer for every chunk: fresh vocabulary-sized allocations each cost

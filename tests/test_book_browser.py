@@ -68,12 +68,16 @@ _CHART_CELLS = [
 ]
 
 
+def _chart_notebook(path: Path) -> Path:
+    return toy_notebook(path, "model = 'none'\nresults_root = None\nn = 6", _CHART_CELLS)
+
+
 @pytest.fixture(scope="module")
 def built_book(tmp_path_factory) -> Path:
     root = book_root_copy(tmp_path_factory.mktemp("book"))
     (root / "notebooks").mkdir()
     chapter = ToyChapter("90", "90_browser_test", "Browser test", root / "notebooks" / "90_browser_test.ipynb")
-    toy_notebook(chapter.notebook, "model = 'none'\nresults_root = None\nn = 6", _CHART_CELLS)
+    _chart_notebook(chapter.notebook)
     index = book.build_book("none", [chapter], root=root, results_root=root / "results", echo=lambda _: None)
     return index.parent
 
@@ -196,7 +200,7 @@ def test_charts_render_in_jupyterlab_offline(tmp_path: Path) -> None:
     """Run the throwaway chapter in a real JupyterLab with the network blocked:
     the charts draw from the bundle that plots.enable() displays."""
     sync_api = _require_browser()
-    _chapter_notebook(tmp_path / "charts.ipynb")
+    _chart_notebook(tmp_path / "charts.ipynb")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

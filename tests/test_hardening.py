@@ -20,7 +20,7 @@ from depthkit.data import DataError, load_records
 from depthkit.models import ModelLoadError
 from depthkit.params import Param, ParameterError, check_params
 from depthkit.results import ResultsError, RunRecorder, load_run
-from depthkit.trajectories import PromptTooLongError, answer_token_ids, decode_residuals
+from depthkit.trajectories import BYTES_PER_VOCAB_ENTRY, PromptTooLongError, answer_token_ids, decode_residuals
 from depthkit.tuned_lens import LensFileError, TunedLens, load_lens, save_lens
 
 
@@ -164,7 +164,7 @@ def test_vocabulary_sized_work_is_chunked_to_the_memory_budget(tiny_llama):
     plan = dk.layer_plan(tiny_llama.cfg.n_layers)
     budget_mb = 0.2
     decode_residuals(lens, plan, resid, None, budget_mb=budget_mb)
-    per_row_bytes = lens.d_vocab * 9
+    per_row_bytes = lens.d_vocab * BYTES_PER_VOCAB_ENTRY
     assert max(seen) * per_row_bytes <= budget_mb * 2**20 + len(plan) * per_row_bytes
     assert len(seen) > 2  # it really was split
 

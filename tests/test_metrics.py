@@ -271,3 +271,22 @@ def test_adjusted_difference_recovers_a_known_effect():
     assert abs(adj["estimate"]) < 0.1 and adj["lo"] < 0 < adj["hi"]
     # one group missing: no estimate, no crash
     assert np.isnan(metrics.adjusted_difference(df[df.g == "f"], "o", "g", "x", a="f", b="c").iloc[0]["estimate"])
+
+
+@pytest.mark.parametrize(
+    ("diff", "than", "expected"),
+    [
+        (16.94, None, "16.9 layers later"),
+        (-5.44, "function words", "5.4 layers earlier than function words"),
+        (1.0, None, "1.0 layer later"),
+        (0.04, "function words", "at the same layer as function words"),
+        (-0.04, None, "at the same layer"),
+    ],
+)
+def test_layers_later_words_the_sign(diff: float, than: str | None, expected: str) -> None:
+    assert metrics.layers_later(diff, than) == expected
+
+
+def test_layers_later_refuses_nan() -> None:
+    with pytest.raises(ValueError, match="No layer difference"):
+        metrics.layers_later(float("nan"))
