@@ -370,18 +370,26 @@ def heldout_metrics(
         variants = ["logit", "tuned"] if isinstance(lens, TunedLens) else [lens.name]
     kl = {v: torch.zeros(n_blocks, dtype=torch.float64) for v in variants}
     agree = {v: torch.zeros(n_blocks, dtype=torch.float64) for v in variants}
+    # KL(p ‖ q) = Σ p log p - Σ p z + logsumexp(z): no log-softmax of z is formed, and
+    # exp(z - max) goes into one reused buffer (fresh vocabulary-sized allocations
+    # cost page faults on every chunk).
+    scratch = torch.empty(min(chunk, n) * readout.W.shape[1])
     for s in range(0, n, chunk):
         sl = slice(s, min(n, s + chunk))
-        logp_final = torch.log_softmax(readout(resid[-1, sl]), -1)
-        top_final = logp_final.argmax(-1)
-        p_final = logp_final.exp()
-        neg_entropy = (p_final * logp_final).sum(-1)
+        zf = readout(resid[-1, sl])
+        top_final = zf.argmax(-1)
+        p_final = torch.softmax(zf, -1)
+        neg_entropy = torch.einsum("nv,nv->n", p_final, zf) - torch.logsumexp(zf, -1)
+        del zf
         for l in range(n_blocks):
             for v in variants:
                 h = resid[l, sl] if v == "logit" else lens.translate(resid[l, sl], l)
-                logq = torch.log_softmax(readout(h), -1)
-                kl[v][l] += (neg_entropy - (p_final * logq).sum(-1)).clamp_min(0).double().sum()
-                agree[v][l] += (logq.argmax(-1) == top_final).double().sum()
+                z = readout(h)
+                top, arg = z.max(-1)
+                e = scratch[: z.numel()].view(z.shape)
+                lse = top + torch.log(torch.sub(z, top[:, None], out=e).exp_().sum(-1))
+                kl[v][l] += (neg_entropy - torch.einsum("nv,nv->n", p_final, z) + lse).clamp_min(0).double().sum()
+                agree[v][l] += (arg == top_final).double().sum()
     rows = [
         {"layer": l, "lens": v, "kl": float(kl[v][l] / n), "top1_agreement": float(agree[v][l] / n)}
         for v in variants
