@@ -379,12 +379,19 @@ def collection_reasoning(ranks: pd.DataFrame) -> pd.DataFrame:
 
 
 def accuracy(ranks: pd.DataFrame) -> pd.DataFrame:
-    """Per task, at the model's output: ``accuracy`` (answer = gold), ``top1_option``
-    (share whose unrestricted top-1 token is an option, when the frame has
-    ``top1_is_option``) and ``n``."""
+    """Per task, at the model's output: ``accuracy`` (answer = gold),
+    ``majority_answer`` and ``majority_share`` (the most frequent answer, ties to the
+    first option, and the share of items that get it: near 1, the model answers
+    alike whatever the prompt, and "the answer is settled early" says little),
+    ``top1_option`` (share whose unrestricted top-1 token is an option, when the
+    frame has ``top1_is_option``) and ``n``."""
     p = per_item(ranks)
     last = p[p["layer"] == p.groupby("item")["layer"].transform("max")]
     out = last.groupby("task").agg(accuracy=("agrees_gold", "mean"), n=("item", "size")).reset_index()
+    counts = last.groupby(["task", "answer"]).size().rename("count").reset_index()
+    top = counts.sort_values(["task", "count", "answer"], ascending=[True, False, True]).drop_duplicates("task")
+    out = out.merge(top.rename(columns={"answer": "majority_answer"}), on="task")
+    out["majority_share"] = out.pop("count") / out["n"]
     if "top1_is_option" in ranks.columns:
         r = ranks[ranks["layer"] == ranks.groupby("item")["layer"].transform("max")].drop_duplicates("item")
         out = out.merge(r.groupby("task")["top1_is_option"].mean().rename("top1_option").reset_index(), on="task")

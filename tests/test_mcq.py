@@ -58,6 +58,8 @@ def test_per_item_and_shares_by_hand():
     assert s["mass"].iloc[3] == pytest.approx(((0.1 + 0.8) + (0.9 + 0.02)) / 2)
     acc = accuracy(HAND)
     assert acc["accuracy"].iloc[0] == 0.5
+    # answers 1 and 0, one each: a tie goes to the first option
+    assert acc["majority_answer"].iloc[0] == 0 and acc["majority_share"].iloc[0] == 0.5
 
 
 def test_layer_estimates_by_hand():
@@ -159,3 +161,16 @@ def test_option_ranks_on_tiny_model(tiny_llama):
     same = pd.DataFrame({"task": ["x"], "prompt": ["a"], "options": [[" a", " a"]], "gold": [0], "example": [0]})
     with pytest.raises(ValueError, match="share a first token"):
         add_option_ids(tiny_llama, same)
+
+
+def test_accuracy_reports_a_model_that_answers_alike():
+    same = _frame(
+        {
+            0: ("t", 0, [[(1, 0.6), (2, 0.3)], [(1, 0.7), (2, 0.2)]]),
+            1: ("t", 1, [[(1, 0.5), (2, 0.4)], [(1, 0.8), (2, 0.1)]]),
+            2: ("t", 0, [[(2, 0.3), (1, 0.6)], [(1, 0.6), (2, 0.3)]]),
+        }
+    )
+    acc = accuracy(same).iloc[0]
+    assert acc["majority_answer"] == 0 and acc["majority_share"] == 1.0
+    assert acc["accuracy"] == pytest.approx(2 / 3)
