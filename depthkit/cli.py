@@ -41,12 +41,20 @@ def _results_root(arg: str | None) -> Path:
     return Path(arg or os.environ.get("DEPTHKIT_RESULTS") or book.ROOT / "results").resolve()
 
 
+def _book_root(arg: str | None) -> Path:
+    root = Path(arg).resolve() if arg else book.ROOT
+    if arg and not root.is_dir():
+        raise book.BookError(f"--root {arg}: no such folder.")
+    return root
+
+
 def _cmd_book(args: argparse.Namespace) -> int:
     book.build_book(
         model=args.model,
         chapters=_select(args.chapters),
         smoke=args.smoke,
         force=args.force,
+        root=_book_root(args.root),
         results_root=_results_root(args.results),
         progress=sys.stderr.isatty(),
     )
@@ -61,15 +69,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
     (ch,) = _select(args.chapter)
     params = book.chapter_params(ch, args.model, _results_root(args.results), smoke=args.smoke, extra=extra)
     print(f"depthkit run: chapter {ch.id} ({ch.title}) with {params}")
+    root = _book_root(args.root)
     result = book.execute_chapter(
-        ch, params, book.ROOT / "book" / "chapters", force=True, progress=sys.stderr.isatty(), work_dir=book.ROOT / "_build"
+        ch, params, root / "book" / "chapters", force=True, progress=sys.stderr.isatty(), work_dir=root / "_build"
     )
     print(f"done in {result.elapsed_s:.1f} s; executed notebook: {result.notebook}")
     return 0
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    out_dir = book.ROOT / "book" / "chapters"
+    out_dir = _book_root(args.root) / "book" / "chapters"
     for ch in CHAPTERS.values():
         if not ch.notebook.is_file():
             state = "no notebook yet"
@@ -100,23 +109,27 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     results_help = "results folder (default: $DEPTHKIT_RESULTS or ./results of the repository)"
+    root_help = "book folder holding _config.yml, _toc.yml and book/ (default: the repository)"
     p = sub.add_parser("book", help="execute every chapter with papermill and build the HTML book")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"model name or hub id (default {DEFAULT_MODEL})")
     p.add_argument("--smoke", action="store_true", help="use each chapter's tiny smoke parameters")
     p.add_argument("--chapters", help="comma-separated chapter ids, e.g. 00,01 (default: every chapter)")
     p.add_argument("--force", action="store_true", help="execute chapters even if unchanged since their last run")
     p.add_argument("--results", help=results_help)
+    p.add_argument("--root", help=root_help)
     p.set_defaults(func=_cmd_book)
 
-    p = sub.add_parser("run", help="execute one chapter into book/chapters/")
+    p = sub.add_parser("run", help="execute one chapter into <root>/book/chapters/")
     p.add_argument("chapter", help="chapter id or slug, e.g. 04")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"model name or hub id (default {DEFAULT_MODEL})")
     p.add_argument("-p", "--param", action="append", metavar="KEY=VALUE", help="parameter, value read as YAML")
     p.add_argument("--smoke", action="store_true", help="start from the chapter's smoke parameters")
     p.add_argument("--results", help=results_help)
+    p.add_argument("--root", help="folder whose book/chapters/ receives the executed notebook (default: the repository)")
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("list", help="list the chapters and their last run")
+    p.add_argument("--root", help=root_help)
     p.set_defaults(func=_cmd_list)
 
     p = sub.add_parser("results", help="list the complete result runs")

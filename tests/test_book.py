@@ -182,6 +182,8 @@ def test_failure_in_cli_is_one_short_message(tmp_path: Path, capsys: pytest.Capt
     assert "key=value" in err and "Traceback" not in err
     assert cli.main(["run", "99"]) == 1
     assert "No chapter '99'" in capsys.readouterr().err
+    assert cli.main(["run", "01", "--root", "/no/such/folder"]) == 1
+    assert "--root /no/such/folder: no such folder" in capsys.readouterr().err
 
 
 def test_cli_list_shows_every_chapter(capsys: pytest.CaptureFixture[str]) -> None:

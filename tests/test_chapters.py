@@ -97,7 +97,7 @@ def test_a_bad_parameter_through_the_command_line_fails_fast_and_clearly(tmp_pat
     name, _ = _bad_values(_defaults(_cells(ch)[1]))[0]
     start = time.perf_counter()
     out = subprocess.run(
-        [sys.executable, "-m", "depthkit.cli", "run", ch.id, "-p", f"{name}=-7", "--results", str(tmp_path)],
+        [sys.executable, "-m", "depthkit.cli", "run", ch.id, "-p", f"{name}=-7", "--results", str(tmp_path), "--root", str(tmp_path)],
         capture_output=True, text=True, cwd=REPO, timeout=600,
     )
     assert out.returncode != 0
@@ -107,22 +107,26 @@ def test_a_bad_parameter_through_the_command_line_fails_fast_and_clearly(tmp_pat
     assert not any(tmp_path.rglob("manifest.json"))
 
 
-def _run_chapter(ch, results: Path, **popen) -> subprocess.Popen:
+def _run_chapter(ch, results: Path, root: Path, **popen) -> subprocess.Popen:
+    # --root: the executed notebook goes to root/book/chapters, never into the
+    # developer's own book.
     return subprocess.Popen(
-        [sys.executable, "-m", "depthkit.cli", "run", ch.id, "--smoke", "--results", str(results)],
+        [sys.executable, "-m", "depthkit.cli", "run", ch.id, "--smoke", "--results", str(results), "--root", str(root)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, **popen,
     )
 
 
-def test_a_killed_run_loses_nothing_and_the_next_run_succeeds(smoke_book):
+def test_a_killed_run_loses_nothing_and_the_next_run_succeeds(smoke_book, tmp_path):
     _, results = smoke_book
     ch = chapter("01")
     before = load_run(DEFAULT_MODEL, ch.slug, root=results)
     before_bytes = {p.name: p.read_bytes() for p in before.path.iterdir()}
-    executed = REPO / "book" / "chapters" / f"{ch.slug}.ipynb"
-    executed_before = executed.read_bytes() if executed.exists() else None
+    executed = tmp_path / "book" / "chapters" / f"{ch.slug}.ipynb"
+    executed.parent.mkdir(parents=True)
+    executed.write_text("a complete notebook from an earlier run")
+    executed_before = executed.read_bytes()
 
-    proc = _run_chapter(ch, results)
+    proc = _run_chapter(ch, results, tmp_path)
     staging = results / before.path.parent.name
     # Kill it midway: a smoke run of this chapter takes about 30 s here (the model
     # load alone about 15 s). The moment of dying between two table writes is
@@ -135,21 +139,23 @@ def test_a_killed_run_loses_nothing_and_the_next_run_succeeds(smoke_book):
 
     after = load_run(DEFAULT_MODEL, ch.slug, root=results)
     assert {p.name: p.read_bytes() for p in after.path.iterdir()} == before_bytes
-    assert (executed.read_bytes() if executed.exists() else None) == executed_before
+    assert executed.read_bytes() == executed_before
     for partial in staging.glob(f".{ch.slug}.partial-*"):
         assert not (partial / "manifest.json").exists()
 
-    proc = _run_chapter(ch, results)
+    proc = _run_chapter(ch, results, tmp_path)
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-3000:]
     assert load_run(DEFAULT_MODEL, ch.slug, root=results).manifest["status"] == "complete"
+    assert executed.read_bytes() != executed_before  # the finished run replaced it
 
 
 def test_same_parameters_and_seed_give_byte_identical_tables(smoke_book, tmp_path):
     _, results = smoke_book
     ch = chapter("01")
     first = load_run(DEFAULT_MODEL, ch.slug, root=results)
-    proc = _run_chapter(ch, tmp_path)
+    (tmp_path / "root").mkdir()
+    proc = _run_chapter(ch, tmp_path, tmp_path / "root")
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-3000:]
     second = load_run(DEFAULT_MODEL, ch.slug, root=tmp_path)
