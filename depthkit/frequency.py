@@ -22,7 +22,8 @@ import numpy as np
 import pandas as pd
 from jaxtyping import Int
 
-from depthkit.cache import cache_dir
+# Functions here take a `cache_dir` argument, hence the other name.
+from depthkit.cache import cache_dir as default_cache_dir
 
 __all__ = [
     "BUCKETS",
@@ -41,8 +42,6 @@ BUCKETS: tuple[str, ...] = ("Top 1-10", "11-100", "101-1000", "rest")
 _BUCKET_UPPER = (10, 100, 1000)
 _FORMAT = 1  # bump when the cached tables' layout or counting rule changes
 
-
-default_cache_dir = cache_dir
 
 
 # ---------------------------------------------------------------- counting
