@@ -35,7 +35,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -49,9 +48,11 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from depthkit.cache import atomic_write
 from depthkit.cache import cache_dir as default_cache_dir
 from depthkit.lenses import Lens
 from depthkit.models import ModelInfo, model_info, tokenizer_of
+from depthkit.precision import matmul_dtype
 from depthkit.results import model_slug
 
 Downweight = Literal["the", "top10"] | None
@@ -350,12 +351,22 @@ class _Readout:
 # Metrics
 
 
+# Positions per unembedding product in the held-out metrics.
+EVAL_CHUNK = 256
+
+
+def _dtype_check_positions(n_held: int) -> int:
+    """Positions of the float32 cross-check of bfloat16 metrics: a float32 pass costs
+    as much as several bfloat16 ones, so 16 for the smoke budget, 128 by default."""
+    return min(n_held, 128, max(16, n_held // 16))
+
+
 @torch.no_grad()
 def heldout_metrics(
     lens: Lens,
     resid: Float[Tensor, "depth n d_model"],
     *,
-    chunk: int = 256,
+    chunk: int = EVAL_CHUNK,
     dtype: torch.dtype = torch.float32,
     variants: Sequence[str] | None = None,
 ) -> pd.DataFrame:
@@ -475,11 +486,17 @@ def train_tuned_lens(
 
     train, held, resid, resid_held = _residuals_for(model, texts_list, cfg, progress)
     timing["cache_s"] = time.perf_counter() - t0
+    n = resid.shape[1]
 
     lens = TunedLens(model)
-    dtype = torch.bfloat16 if cfg.matmul_dtype == "bfloat16" else torch.float32
+    # bfloat16 only where a child-process probe saw it run, right and faster
+    # (a bad kernel kills the process: see depthkit.precision).
+    device = lens.model.unembed.W_U.device
+    n_held = int(resid_held.shape[1])
+    train_rows = (min(cfg.batch_positions, n),) if cfg.steps > 0 else ()
+    eval_rows = (min(EVAL_CHUNK, n_held), n_held % EVAL_CHUNK, _dtype_check_positions(n_held))
+    dtype, train_verdict = matmul_dtype(cfg.matmul_dtype, lens.d_model, info.d_vocab, device, train_rows + eval_rows)
     fast = _Readout(lens, dtype)
-    n = resid.shape[1]
     weights = torch.ones(n)
     down_ids: list[int] = []
     if cfg.downweight:
@@ -491,7 +508,7 @@ def train_tuned_lens(
         _ridge_init(lens, resid, weights, cfg.ridge)
     timing["init_s"] = time.perf_counter() - t1
 
-    eval_dtype = torch.bfloat16 if cfg.eval_dtype == "bfloat16" else torch.float32
+    eval_dtype, eval_verdict = matmul_dtype(cfg.eval_dtype, lens.d_model, info.d_vocab, device, train_rows + eval_rows)
     t3 = time.perf_counter()
     metrics_init = None
     if cfg.init == "ridge" and cfg.steps > 0:
@@ -510,9 +527,7 @@ def train_tuned_lens(
     if eval_dtype != torch.float32:
         # How far the bfloat16 metrics are from float32 ones, on a slice.
         t4 = time.perf_counter()
-        # A float32 pass costs as much as several bfloat16 ones: keep the slice small
-        # (16 positions for the smoke budget, 128 for the default one).
-        sub = resid_held[:, : min(128, max(16, resid_held.shape[1] // 16))]
+        sub = resid_held[:, : _dtype_check_positions(n_held)]
         a, b = heldout_metrics(lens, sub, dtype=eval_dtype), heldout_metrics(lens, sub)
         eval_check = {
             "positions": int(sub.shape[1]),
@@ -541,6 +556,9 @@ def train_tuned_lens(
         "downweighted_share": float((weights < 1).float().mean()),
         "heldout": metrics.to_dict("records"),
         "eval_dtype_check": eval_check,
+        # What ran, which may be float32 where the config asked for bfloat16.
+        "dtypes_used": {"train": str(dtype).removeprefix("torch."), "eval": str(eval_dtype).removeprefix("torch.")},
+        "bf16_probe": (train_verdict or eval_verdict).as_dict() if (train_verdict or eval_verdict) else None,
         "heldout_after_init": None if metrics_init is None else metrics_init.to_dict("records"),
         "train_loss": losses,
         "timing": timing,
@@ -654,20 +672,6 @@ def lens_path(model, cfg: TrainConfig, texts: Sequence[str] | None = None, cache
     return root / "lenses" / model_slug(info.name) / f"{config_hash(cfg, info, texts)}.safetensors"
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def save_lens(lens: TunedLens, path: str | os.PathLike) -> Path:
     """Write ``path`` (.safetensors) and its sidecar ``path.with_suffix('.json')``,
     each atomically. The sidecar records the weights file's SHA-256, so a file
@@ -685,8 +689,8 @@ def save_lens(lens: TunedLens, path: str | os.PathLike) -> Path:
     meta.setdefault("model", info.as_dict())
     meta["shapes"] = {k: list(v.shape) for k, v in tensors.items()}
     meta["weights_sha256"] = hashlib.sha256(data).hexdigest()
-    _atomic_write(path, data)
-    _atomic_write(path.with_suffix(".json"), json.dumps(meta, indent=1, sort_keys=True).encode())
+    atomic_write(path, data)
+    atomic_write(path.with_suffix(".json"), json.dumps(meta, indent=1, sort_keys=True).encode())
     lens.meta, lens.path = meta, path
     return path
 

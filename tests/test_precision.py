@@ -1,0 +1,121 @@
+"""bfloat16 products only where a child process saw them run, right and faster.
+
+The crash this guards against (a floating-point exception inside libtorch's
+bfloat16 kernels on some AMX CPUs) kills the process; these tests stand in for it
+with a probe script that kills itself the same way, and check that the training
+path then runs in float32 and says so."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from depthkit import precision
+from depthkit.tuned_lens import train_tuned_lens
+
+CRASH = "import os, signal; os.kill(os.getpid(), signal.SIGFPE)"
+WRONG = 'import json; print(json.dumps({"max_rel_error": 0.9, "t_bf16": 1.0, "t_f32": 3.0}))'
+SLOW = 'import json; print(json.dumps({"max_rel_error": 0.001, "t_bf16": 2.0, "t_f32": 1.0}))'
+GOOD = 'import json; print(json.dumps({"max_rel_error": 0.001, "t_bf16": 1.0, "t_f32": 3.0}))'
+
+
+def test_a_probe_killed_by_a_signal_means_float32():
+    v = precision.run_probe(8, 16, (4,), script=CRASH)
+    assert not v.use_bf16
+    assert "signal 8" in v.reason
+
+
+@pytest.mark.parametrize(("script", "words"), [(WRONG, "off by"), (SLOW, "not faster"), ("print('?')", "no verdict")])
+def test_wrong_slow_or_silent_bfloat16_means_float32(script, words):
+    v = precision.run_probe(8, 16, (4,), script=script)
+    assert not v.use_bf16 and words in v.reason
+
+
+def test_a_good_probe_chooses_bfloat16():
+    v = precision.run_probe(8, 16, (4,), script=GOOD)
+    assert v.use_bf16 and v.speedup == pytest.approx(3.0)
+
+
+def test_the_real_probe_runs_and_judges_this_cpu():
+    v = precision.run_probe(32, 300, (1, 7))
+    # Whatever this CPU says, a finished probe measured both numbers.
+    if "signal" not in v.reason:
+        assert v.max_rel_error is not None and math.isfinite(v.max_rel_error)
+        assert v.speedup is not None and v.speedup > 0
+
+
+def test_verdict_is_cached_per_shape(monkeypatch, tmp_path):
+    monkeypatch.setenv("DEPTHKIT_CACHE", str(tmp_path))
+    monkeypatch.delenv("DEPTHKIT_BF16", raising=False)
+    calls = []
+
+    def fake(d, v, rows, **_):
+        calls.append((d, v, rows))
+        return precision.Verdict(False, "fake crash")
+
+    monkeypatch.setattr(precision, "run_probe", fake)
+    assert not precision.bf16_verdict(8, 16, "cpu", (4, 2)).use_bf16
+    assert precision.bf16_verdict(8, 16, "cpu", (2, 4)).reason == "fake crash"
+    assert calls == [(8, 16, (2, 4))]
+    precision.bf16_verdict(8, 32, "cpu", (2, 4))
+    assert len(calls) == 2
+
+
+def test_environment_overrides(monkeypatch):
+    monkeypatch.setattr(precision, "run_probe", lambda *a, **k: pytest.fail("must not probe"))
+    monkeypatch.setenv("DEPTHKIT_BF16", "0")
+    assert precision.matmul_dtype("bfloat16", 8, 16)[0] == torch.float32
+    monkeypatch.setenv("DEPTHKIT_BF16", "1")
+    assert precision.matmul_dtype("bfloat16", 8, 16)[0] == torch.bfloat16
+    monkeypatch.setenv("DEPTHKIT_BF16", "yes")
+    with pytest.raises(ValueError, match="DEPTHKIT_BF16"):
+        precision.matmul_dtype("bfloat16", 8, 16)
+    assert precision.matmul_dtype("float32", 8, 16) == (torch.float32, None)
+
+
+BUDGET = dict(train_tokens=256, heldout_tokens=64, seq_len=32, steps=3, batch_positions=16)
+
+
+def test_training_falls_back_to_float32_when_the_probe_crashes(tiny_llama, monkeypatch, tmp_path):
+    monkeypatch.setenv("DEPTHKIT_CACHE", str(tmp_path))
+    monkeypatch.delenv("DEPTHKIT_BF16", raising=False)
+    real = precision.run_probe
+    monkeypatch.setattr(precision, "run_probe", lambda d, v, rows: real(d, v, rows, script=CRASH))
+    lens = train_tuned_lens(tiny_llama, budget=BUDGET, progress=False)
+    assert lens.meta["dtypes_used"] == {"train": "float32", "eval": "float32"}
+    assert "signal" in lens.meta["bf16_probe"]["reason"]
+    assert lens.meta["eval_dtype_check"] is None  # nothing to compare against
+    assert len(lens.meta["train_loss"]) == 3 and all(math.isfinite(x) for x in lens.meta["train_loss"])
+
+
+def test_training_probes_the_shapes_it_multiplies(tiny_llama, monkeypatch, tmp_path):
+    monkeypatch.setenv("DEPTHKIT_CACHE", str(tmp_path))
+    monkeypatch.delenv("DEPTHKIT_BF16", raising=False)
+    seen = []
+
+    def fake(d, v, rows, **_):
+        seen.append((d, v, rows))
+        return precision.Verdict(True, "fake ok", 0.0, 2.0)
+
+    monkeypatch.setattr(precision, "run_probe", fake)
+    lens = train_tuned_lens(tiny_llama, budget=BUDGET, progress=False)
+    info = lens.meta["model"]
+    assert seen == [(info["d_model"], info["d_vocab"], (16, 64))]  # batch 16; held-out 64 in one chunk
+    assert lens.meta["dtypes_used"] == {"train": "bfloat16", "eval": "bfloat16"}
+
+
+@pytest.mark.integration
+def test_gradient_steps_on_the_embedded_model(smollm2, monkeypatch, tmp_path):
+    """The path the book's default lens takes (ridge start + Adam steps), on real
+    weights, with whatever precision this CPU's probe allows."""
+    monkeypatch.setenv("DEPTHKIT_CACHE", str(tmp_path))
+    monkeypatch.delenv("DEPTHKIT_BF16", raising=False)
+    lens = train_tuned_lens(smollm2, budget="smoke", progress=False)
+    assert lens.meta["config"]["steps"] > 0
+    losses = lens.meta["train_loss"]
+    assert len(losses) == lens.meta["config"]["steps"] and all(math.isfinite(x) for x in losses)
+    assert lens.meta["bf16_probe"] is not None and lens.meta["dtypes_used"]["train"] in ("bfloat16", "float32")
+    held = lens.heldout().pivot(index="layer", columns="lens", values="kl")
+    assert (held["tuned"] < held["logit"]).mean() > 0.8
