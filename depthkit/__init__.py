@@ -8,6 +8,7 @@
 """
 
 from depthkit import data, frequency
+from depthkit.chapters import check_chapter_params, model_options
 from depthkit.lenses import Lens, LogitLens, layer_plan, resolve_lens
 from depthkit.models import DEFAULT_MODEL, ModelInfo, ModelLoadError, available_models, load_model, model_info
 from depthkit.params import Param, ParameterError, check_params
@@ -21,6 +22,7 @@ __all__ = [
     "Param",
     "ParameterError",
     "RunRecorder",
+    "check_chapter_params",
     "check_params",
     "data",
     "frequency",
@@ -37,6 +39,7 @@ __all__ = [
     "load_model",
     "make_items",
     "model_info",
+    "model_options",
     "resolve_lens",
     "trajectories",
 ]

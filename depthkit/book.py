@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import yaml
 
 from depthkit import plots
+from depthkit.cache import atomic_write
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -119,13 +120,41 @@ def chapter_params(
     smoke: bool = False,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The parameters a chapter is executed with: the shared ones, then the
-    chapter's smoke set (if asked), then explicit overrides."""
-    params: dict[str, Any] = {"model": model, "results_root": str(Path(results_root).resolve())}
+    """The parameters a chapter is executed with: the shared ones it takes, then the
+    chapter's smoke set (if asked), then explicit overrides; checked against the
+    chapter's spec (unknown names, types, ranges) before anything runs. Raises
+    :class:`depthkit.params.ParameterError`."""
+    spec = getattr(chapter, "params", None)
+    takes_model = spec is None or "model" in spec
+    params: dict[str, Any] = {"model": model} if takes_model else {}
+    params["results_root"] = str(Path(results_root).resolve())
     if smoke:
         params.update(chapter.smoke)
-    params.update(extra or {})
+    extra = dict(extra or {})
+    if not takes_model:
+        # Options of the model (book-wide --dtype, --device, ...) mean nothing here.
+        for key in ("model", "dtype", "device", "device_map"):
+            extra.pop(key, None)
+    params.update(extra)
+    if spec is not None:
+        from depthkit.chapters import validate_run
+
+        params.update(validate_run(chapter, params))  # type: ignore[arg-type]
     return params
+
+
+def results_digest(results_root: Path) -> str:
+    """Hash of every complete run's manifest under ``results_root``: it changes
+    whenever any model's saved results do (a manifest is written last, once per
+    finished run)."""
+    from depthkit.results import MANIFEST
+
+    digest = hashlib.sha256()
+    root = Path(results_root)
+    for path in sorted(root.glob(f"*/*/{MANIFEST}")):
+        digest.update(path.relative_to(root).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 # --------------------------------------------------------------------------- stamps
@@ -151,11 +180,14 @@ def source_fingerprint() -> str:
     return digest.hexdigest()
 
 
-def run_hash(notebook: Path, params: dict[str, Any], fingerprint: str | None = None) -> str:
+def run_hash(notebook: Path, params: dict[str, Any], fingerprint: str | None = None, inputs: str = "") -> str:
+    """What an executed chapter depends on: its notebook, parameters, depthkit's code,
+    and ``inputs`` (for chapters that read other chapters' saved results)."""
     digest = hashlib.sha256()
     digest.update(Path(notebook).read_bytes())
     digest.update(json.dumps(params, sort_keys=True, default=str).encode())
     digest.update((fingerprint if fingerprint is not None else source_fingerprint()).encode())
+    digest.update(inputs.encode())
     return digest.hexdigest()
 
 
@@ -180,12 +212,6 @@ def is_current(out_dir: Path, slug: str, digest: str) -> bool:
     return executed.is_file() and stamp is not None and stamp.get("hash") == digest
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 # --------------------------------------------------------------------------- execution
 
 
@@ -203,7 +229,7 @@ def _kernel_of_this_interpreter(work_dir: Path) -> Iterator[str]:
         "language": "python",
         "env": {"PYDEVD_DISABLE_FILE_VALIDATION": "1"},
     }
-    _atomic_write(spec_dir / "kernel.json", json.dumps(spec, indent=1))
+    atomic_write(spec_dir / "kernel.json", json.dumps(spec, indent=1))
     old = os.environ.get("JUPYTER_PATH")
     os.environ["JUPYTER_PATH"] = os.pathsep.join([str(Path(work_dir) / "jupyter"), *([old] if old else [])])
     try:
@@ -252,8 +278,9 @@ def execute_chapter(
     fingerprint: str | None = None,
 ) -> ChapterResult:
     """Execute one chapter notebook with papermill into ``out_dir/<slug>.ipynb``
-    unless its stamp says the same notebook already ran with the same parameters
-    and code. Raises :class:`ChapterFailed` with the failing cell's error."""
+    unless its stamp says the same notebook already ran with the same parameters,
+    code and (for a chapter that reads saved results) results. Raises
+    :class:`ChapterFailed` with the failing cell's error."""
     import nbformat
     import papermill
 
@@ -263,7 +290,9 @@ def execute_chapter(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     executed, stamp_path, partial = output_paths(out_dir, chapter.slug)
-    digest = run_hash(source, params, fingerprint)
+    reads_results = getattr(chapter, "reads_results", False) and params.get("results_root")
+    inputs = results_digest(Path(params["results_root"])) if reads_results else ""
+    digest = run_hash(source, params, fingerprint, inputs)
     if not force and is_current(out_dir, chapter.slug, digest):
         return ChapterResult(chapter, "unchanged", executed, 0.0)
 
@@ -286,7 +315,7 @@ def execute_chapter(
     elapsed = time.perf_counter() - start
 
     nb = clean_executed(nbformat.read(partial, as_version=4), kernelspec)
-    _atomic_write(executed, nbformat.writes(nb))
+    atomic_write(executed, nbformat.writes(nb))
     stamp = {
         "chapter": chapter.id,
         "hash": digest,
@@ -294,7 +323,7 @@ def execute_chapter(
         "elapsed_s": round(elapsed, 1),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    _atomic_write(stamp_path, json.dumps(stamp, indent=1, default=str))
+    atomic_write(stamp_path, json.dumps(stamp, indent=1, default=str))
     partial.unlink(missing_ok=True)
     return ChapterResult(chapter, "ran", executed, elapsed)
 
@@ -371,7 +400,7 @@ def write_build_toc(root: Path, slugs: Sequence[str], out: Path) -> Path:
     text = yaml.safe_dump(toc, sort_keys=False)
     # An unchanged toc keeps its timestamp, so Sphinx's incremental build holds.
     if not out.is_file() or out.read_text(encoding="utf-8") != text:
-        _atomic_write(out, text)
+        atomic_write(out, text)
     return out
 
 
@@ -406,19 +435,43 @@ def build_book(
     results_root: Path | None = None,
     progress: bool = False,
     echo: Echo = print,
+    extra: dict[str, Any] | None = None,
+    execute: bool = True,
 ) -> Path:
     """Execute ``chapters`` (skipping unchanged ones), then build the HTML book
-    under ``root/_build/html``. Returns the path of index.html."""
+    under ``root/_build/html``. Returns the path of index.html.
+
+    ``extra``: parameters for every chapter that takes them (e.g. dtype, device).
+    ``execute=False`` builds the HTML from the executed notebooks as they are (for
+    example after ``depthkit run 04 --model other``), refreshing only the chapters
+    that read saved results (07) when those results changed."""
     root = Path(root).resolve()
     results_root = Path(results_root or os.environ.get("DEPTHKIT_RESULTS") or root / "results").resolve()
     out_dir = root / "book" / "chapters"
     build_dir = root / "_build"
     fingerprint = source_fingerprint()
-    mode = "smoke parameters" if smoke else "full parameters"
-    echo(f"depthkit book: model {model}, {len(chapters)} chapter(s), {mode}; results in {results_root}")
-    for i, chapter in enumerate(chapters, 1):
-        echo(f"[{i}/{len(chapters)}] {chapter.id} {chapter.title} ...")
-        params = chapter_params(chapter, model, results_root, smoke)
+    # Every chapter's parameters are checked before the first one runs.
+    planned = [(c, chapter_params(c, model, results_root, smoke, extra)) for c in chapters]
+    if execute:
+        mode = "smoke parameters" if smoke else "full parameters"
+        echo(f"depthkit book: model {model}, {len(chapters)} chapter(s), {mode}; results in {results_root}")
+    else:
+        echo(f"depthkit book: HTML from the executed chapters in {out_dir} (none re-run but those reading saved results)")
+        kept = []
+        for c, p in planned:
+            if output_paths(out_dir, c.slug)[0].is_file():
+                kept.append((c, p))
+            else:
+                echo(f"      {c.id} {c.title}: never executed, left out (run `depthkit run {c.id}`)")
+        planned = kept
+    for i, (chapter, params) in enumerate(planned, 1):
+        if not execute and not getattr(chapter, "reads_results", False):
+            continue
+        echo(f"[{i}/{len(planned)}] {chapter.id} {chapter.title} ...")
+        if not execute:
+            # Keep the model and parameters the chapter last ran with.
+            stamp = read_stamp(output_paths(out_dir, chapter.slug)[1]) or {}
+            params = {**params, **{k: v for k, v in stamp.get("params", {}).items() if k != "results_root"}}
         result = execute_chapter(
             chapter, params, out_dir, force=force, progress=progress, work_dir=build_dir, fingerprint=fingerprint
         )
@@ -430,12 +483,42 @@ def build_book(
     echo("Building the HTML with Jupyter Book ...")
     start = time.perf_counter()
     prepare_static(build_dir / "depthkit_static")
-    toc = write_build_toc(root, [c.slug for c in chapters], build_dir / "_toc.yml")
+    toc = write_build_toc(root, [c.slug for c, _ in planned], build_dir / "_toc.yml")
     index, warnings = build_html(root, toc, build_dir / "book-build.log")
     note = f", {warnings} Sphinx warning(s) in {build_dir / 'book-build.log'}" if warnings else ""
     echo(f"      done in {_duration(time.perf_counter() - start)}{note}")
     echo(f"The book: {index}")
     return index
+
+
+def run_chapter(
+    key: str,
+    model: str = "",
+    *,
+    smoke: bool = False,
+    root: Path = ROOT,
+    results_root: Path | None = None,
+    progress: bool = False,
+    **params: Any,
+) -> ChapterResult:
+    """Execute one chapter into ``root/book/chapters/`` (replacing its page in the
+    book) with ``params`` on top of its defaults, e.g.
+    ``run_chapter("04", "gemma3-270m", n_per_tag=50)``. Parameters are checked
+    first: a typo or a bad value raises ParameterError and touches nothing."""
+    from depthkit.chapters import chapter as lookup
+    from depthkit.models import DEFAULT_MODEL
+
+    try:
+        ch = lookup(key)
+    except KeyError as err:
+        raise BookError(err.args[0]) from None
+    if not ch.notebook.is_file():
+        raise BookError(f"Chapter {ch.id} ({ch.title}) has no notebook yet ({ch.notebook}).")
+    results_root = Path(results_root or os.environ.get("DEPTHKIT_RESULTS") or Path(root) / "results").resolve()
+    final = chapter_params(ch, model or DEFAULT_MODEL, results_root, smoke=smoke, extra=params)
+    return execute_chapter(
+        ch, final, Path(root) / "book" / "chapters", force=True, progress=progress, work_dir=Path(root) / "_build"
+    )
 
 
 def _duration(seconds: float) -> str:

@@ -1,14 +1,51 @@
-"""The book's chapters: which notebook, what it is called, and the small parameter
-set used for smoke runs in CI (the full defaults live in each notebook's
-parameters cell)."""
+"""The book's chapters: which notebook, what it is called, which parameters it
+takes (one spec, used by the notebook, the command line and Python alike), and the
+small parameter set of smoke runs. The defaults themselves live in each notebook's
+parameters cell, where a reader of the notebook sees them.
+
+A notebook validates its parameters in one line, right after its parameters cell::
+
+    p = dk.check_chapter_params("01", globals())
+
+and ``depthkit run`` / :func:`validate_run` check the same spec, defaults
+included, before a kernel starts, so a typo costs seconds, not a run.
+"""
 
 from __future__ import annotations
 
+import ast
+import difflib
+import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from depthkit.params import Param, ParameterError, check_params, rerun_hint
+
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+
+# Kept here rather than imported from the analysis modules, so that checking a
+# command line does not import torch; tests hold the two lists equal.
+MCQ_TASKS = ("mmlu", "sst2", "mrpc", "rte")
+UPOS_TAGS = tuple(sorted("ADJ ADP ADV AUX CCONJ DET INTJ NOUN NUM PART PRON PROPN PUNCT SCONJ SYM VERB X".split()))
+UPDATE_STATS = ("norm_h", "attn_rel", "mlp_rel", "block_rel", "cos_attn", "cos_mlp", "cos_update", "block_influence")
+
+# Parameters of every chapter that loads a model: which model, in what precision, where.
+MODEL_PARAMS: dict[str, Param] = {
+    "model": Param(str, help="embedded name (smollm2-135m, gemma3-270m), hub id or local folder"),
+    "dtype": Param(str, choices=("float32", "bfloat16", "float16"), help="precision of the model's weights"),
+    "device": Param(str, optional=True, help="'cpu', 'cuda', 'cuda:1', ...; None picks a GPU if there is one"),
+    "device_map": Param(str, optional=True, help="transformers device_map for hub models, e.g. 'auto'"),
+}
+LENS_PARAMS: dict[str, Param] = {
+    "lens": Param(str, choices=("tuned", "logit")),
+    "lens_budget": Param(str, choices=("default", "smoke"), help="tuned-lens training budget if none is cached"),
+    "convention": Param(str, choices=("canonical", "authors"), help="layer convention"),
+}
+RESULTS_PARAM: dict[str, Param] = {"results_root": Param(str, optional=True, help="folder of the result tables")}
+
+Check = Callable[[dict[str, Any]], str | None]
 
 
 @dataclass(frozen=True)
@@ -16,29 +53,182 @@ class Chapter:
     id: str  # two digits, e.g. "01"
     slug: str  # results folder name and notebook stem, e.g. "01_guess_then_refine"
     title: str
+    params: dict[str, Param] = field(default_factory=dict)
     smoke: dict[str, Any] = field(default_factory=dict)
+    # Checks across parameters: each returns None or what is wrong.
+    checks: tuple[Check, ...] = ()
+    # Reads other chapters' saved results (re-run whenever they change).
+    reads_results: bool = False
 
     @property
     def notebook(self) -> Path:
         return NOTEBOOK_DIR / f"{self.slug}.ipynb"
 
+    @property
+    def takes_model(self) -> bool:
+        return "model" in self.params
+
+
+def _model_chapter(*, lens: bool = True, **own: Param) -> dict[str, Param]:
+    return {**MODEL_PARAMS, **(LENS_PARAMS if lens else {}), **own, **RESULTS_PARAM}
+
+
+def _distinct_patch_tasks(p: dict[str, Any]) -> str | None:
+    if p["patch_source"] == p["patch_target"]:
+        return (
+            f"patch_source and patch_target are both {p['patch_source']!r}; patching needs two tasks. "
+            "Re-run with e.g. `depthkit run 02 -p patch_source=sst2 -p patch_target=mmlu`."
+        )
+    return None
+
+
+def _k_grid_has_one(p: dict[str, Any]) -> str | None:
+    if min(p["k_grid"]) < 1 or 1 not in p["k_grid"]:
+        return (
+            f"k_grid must hold positive integers including 1 (the headline), got {p['k_grid']}. "
+            "Re-run with e.g. `depthkit run 03 -p k_grid=[1,10,100]`."
+        )
+    return None
+
 
 CHAPTERS: dict[str, Chapter] = {
     c.id: c
     for c in [
-        Chapter("00", "00_lenses", "Logit lens and tuned lens", smoke={"lens_budget": "smoke", "bias_budget": "smoke", "n_eval": 20}),
-        Chapter("01", "01_guess_then_refine", "Guess, then refine", smoke={"n_prompts": 12, "n_boot": 50, "lens_budget": "smoke"}),
-        Chapter("02", "02_mcq_collection_vs_reasoning", "Multiple choice: collecting options, then choosing", smoke={"tasks": ["mmlu", "sst2"], "n_examples": 4, "shots": 1, "controls": ["symbols"], "n_pairs": 2, "patch_layer_step": 10, "n_boot": 50, "lens_budget": "smoke"}),
-        Chapter("03", "03_fact_recall", "Multi-token fact recall", smoke={"n_examples": 12, "n_trivia": 4, "k_grid": [1, 10, 100], "n_boot": 50, "lens_budget": "smoke"}),
+        Chapter(
+            "00",
+            "00_lenses",
+            "Logit lens and tuned lens",
+            params=_model_chapter(
+                lens=False,
+                lens_budget=LENS_PARAMS["lens_budget"],
+                bias_budget=Param(str, choices=("default", "smoke"), help="budget of the down-weighted lenses"),
+                convention=LENS_PARAMS["convention"],
+                seed=Param(int, min=0),
+                n_eval=Param(int, min=10, max=5000, help="prompts of the prompt-level comparison"),
+                example_prompts=Param(list, min=1, max=10),
+                top_k=Param(int, min=1, max=20),
+            ),
+            smoke={"lens_budget": "smoke", "bias_budget": "smoke", "n_eval": 20},
+        ),
+        Chapter(
+            "01",
+            "01_guess_then_refine",
+            "Guess, then refine",
+            params=_model_chapter(
+                n_prompts=Param(int, min=10, max=50_000, help="number of prompts"),
+                dataset=Param(str, help="'embedded', 'hf:wikipedia' or a file of prompt records"),
+                seed=Param(int, min=0),
+                n_boot=Param(int, min=20, max=100_000),
+                batch_size=Param(int, min=1, max=512),
+            ),
+            smoke={"n_prompts": 12, "n_boot": 50, "lens_budget": "smoke"},
+        ),
+        Chapter(
+            "02",
+            "02_mcq_collection_vs_reasoning",
+            "Multiple choice: collecting options, then choosing",
+            params=_model_chapter(
+                tasks=Param(list, choices=MCQ_TASKS, min=1),
+                n_examples=Param(int, min=2, help="prompts per task"),
+                shots=Param(int, min=0, max=5),
+                option_labels=Param(str, choices=("default", "letters", "symbols")),
+                controls=Param(list, choices=("symbols", "permuted"), min=0),
+                control_task=Param(str, choices=MCQ_TASKS),
+                dataset=Param(str, optional=True, help="path of a JSON/JSONL file of {prompt, options, answer} records"),
+                patch_source=Param(str, choices=MCQ_TASKS),
+                patch_target=Param(str, choices=MCQ_TASKS),
+                patch_control=Param(str, choices=MCQ_TASKS),
+                n_pairs=Param(int, min=2),
+                patch_layer_step=Param(int, min=1),
+                n_boot=Param(int, min=10),
+                seed=Param(int, min=0),
+            ),
+            smoke={
+                "tasks": ["mmlu", "sst2"], "n_examples": 4, "shots": 1, "controls": ["symbols"], "n_pairs": 2,
+                "patch_layer_step": 10, "n_boot": 50, "lens_budget": "smoke",
+            },
+            checks=(_distinct_patch_tasks,),
+        ),
+        Chapter(
+            "03",
+            "03_fact_recall",
+            "Multi-token fact recall",
+            params=_model_chapter(
+                dataset=Param(str, help="'curated', 'trivia_qa' or a file path"),
+                n_examples=Param(int, min=1),
+                n_trivia=Param(int, min=0),
+                max_tokens=Param(int, min=1, max=5),
+                k_grid=Param(list, item=int, min=1),
+                n_boot=Param(int, min=10),
+                seed=Param(int, min=0),
+            ),
+            smoke={"n_examples": 12, "n_trivia": 4, "k_grid": [1, 10, 100], "n_boot": 50, "lens_budget": "smoke"},
+            checks=(_k_grid_has_one,),
+        ),
         Chapter(
             "04",
             "04_pos_onset",
             "Part of speech and depth",
+            params=_model_chapter(
+                tags=Param(list, choices=UPOS_TAGS, min=1, help="universal POS tags"),
+                n_candidates=Param(int, min=1, max=5_000, help="examples per tag before filtering"),
+                n_per_tag=Param(int, min=1, max=5_000, help="kept examples per tag"),
+                min_prefix_words=Param(int, min=0, max=200),
+                max_k=Param(int, min=1, max=1_000_000),
+                k_per_decade=Param(int, min=1, max=20),
+                dataset=Param(str, help="'embedded', 'hf:wikipedia', a passage file or a folder of per-tag files"),
+                seed=Param(int, min=0),
+                n_boot=Param(int, min=20, max=100_000),
+                batch_size=Param(int, min=1, max=512),
+            ),
             smoke={"n_candidates": 8, "n_per_tag": 4, "max_k": 1000, "k_per_decade": 2, "n_boot": 50, "lens_budget": "smoke"},
         ),
-        Chapter("05", "05_residual_phase_change", "A phase change in the residual stream", smoke={"n_texts": 4, "max_tokens": 32, "n_skip_texts": 1, "n_boot": 20, "lens_budget": "smoke"}),
-        Chapter("06", "06_depth_score", "Depth scores and early exit", smoke={"n_texts": 4, "max_tokens": 32, "n_verify_texts": 1, "min_group": 3, "n_boot": 20, "lens_budget": "smoke"}),
-        Chapter("07", "07_across_models", "Across models", smoke={}),
+        Chapter(
+            "05",
+            "05_residual_phase_change",
+            "A phase change in the residual stream",
+            params=_model_chapter(
+                n_texts=Param(int, min=4, max=3000, help="number of passages"),
+                max_tokens=Param(int, min=16, max=4096, help="tokens per passage"),
+                n_skip_texts=Param(int, min=1, max=3000, help="passages for the layer-skipping experiment"),
+                phase_curve=Param(str, choices=UPDATE_STATS),
+                top_tol=Param(float, min=0.001, max=0.5),
+                n_boot=Param(int, min=10, max=100_000),
+                seed=Param(int, min=0),
+                batch_size=Param(int, min=1, max=512),
+            ),
+            smoke={"n_texts": 4, "max_tokens": 32, "n_skip_texts": 1, "n_boot": 20, "lens_budget": "smoke"},
+        ),
+        Chapter(
+            "06",
+            "06_depth_score",
+            "Depth scores and early exit",
+            params=_model_chapter(
+                n_texts=Param(int, min=2, max=3000, help="number of passages"),
+                max_tokens=Param(int, min=16, max=4096, help="tokens per passage"),
+                rho=Param(float, min=0.05, max=1.0),
+                target_agreement=Param(float, min=0.5, max=1.0),
+                verify_taus=Param(list, item=float, min=0, max=10),
+                n_verify_texts=Param(int, min=1, max=3000),
+                min_group=Param(int, min=1),
+                n_boot=Param(int, min=10, max=100_000),
+                seed=Param(int, min=0),
+                batch_size=Param(int, min=1, max=512),
+            ),
+            smoke={"n_texts": 4, "max_tokens": 32, "n_verify_texts": 1, "min_group": 3, "n_boot": 20, "lens_budget": "smoke"},
+        ),
+        Chapter(
+            "07",
+            "07_across_models",
+            "Across models",
+            params={
+                "models": Param(
+                    list, min=0, example=["smollm2-135m", "gemma3-270m"], help="model names to compare; empty for all"
+                ),
+                **RESULTS_PARAM,
+            },
+            reads_results=True,
+        ),
     ]
 }
 
@@ -51,9 +241,66 @@ def chapter(key: str) -> Chapter:
     for c in CHAPTERS.values():
         if key == c.slug:
             return c
-    raise KeyError(f"No chapter {key!r}. Chapters: {', '.join(f'{c.id} ({c.slug})' for c in CHAPTERS.values())}.")
+    close = difflib.get_close_matches(key, [c.slug for c in CHAPTERS.values()], n=1)
+    guess = f" Did you mean {close[0].split('_', 1)[0]!r} ({close[0]})?" if close else ""
+    raise KeyError(f"No chapter {key!r}.{guess} Chapters: {', '.join(f'{c.id} ({c.slug})' for c in CHAPTERS.values())}.")
 
 
 def available_chapters() -> list[Chapter]:
     """Chapters whose notebook exists, in book order."""
     return [c for c in CHAPTERS.values() if c.notebook.is_file()]
+
+
+def notebook_defaults(ch: Chapter) -> dict[str, Any]:
+    """The values of the chapter notebook's parameters cell (plain literals)."""
+    nb = json.loads(ch.notebook.read_text(encoding="utf-8"))
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
+            source = "".join(cell["source"])
+            out: dict[str, Any] = {}
+            for node in ast.parse(source).body:
+                if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                    out[node.targets[0].id] = ast.literal_eval(node.value)
+            return out
+    raise ValueError(f"{ch.notebook} has no cell tagged 'parameters'.")
+
+
+def _check(ch: Chapter, values: Mapping[str, Any]) -> dict[str, Any]:
+    p = check_params(dict(values), chapter=ch.id, **ch.params)
+    for check in ch.checks:
+        problem = check(p)
+        if problem:
+            raise ParameterError(problem)
+    return p
+
+
+def check_chapter_params(chapter_id: str, namespace: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate a chapter's parameters from the notebook's namespace (``globals()``):
+    the values of every name in the chapter's spec, converted to their types.
+    Raises :class:`ParameterError` saying what is wrong and how to re-run."""
+    ch = chapter(chapter_id)
+    return _check(ch, {name: namespace[name] for name in ch.params if name in namespace})
+
+
+def model_options(p: Mapping[str, Any]) -> dict[str, Any]:
+    """The checked chapter parameters that :func:`depthkit.load_model` takes besides
+    the name: ``dk.load_model(p["model"], **dk.model_options(p))``."""
+    return {k: p[k] for k in MODEL_PARAMS if k != "model"}
+
+
+def validate_run(ch: Chapter, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Check ``overrides`` of a chapter run before anything runs: unknown names (with
+    "did you mean"), then every value, the notebook's defaults filling the rest.
+    Returns the overrides, converted to their declared types."""
+    unknown = [k for k in overrides if k not in ch.params]
+    if unknown:
+        name = unknown[0]
+        close = difflib.get_close_matches(name, list(ch.params), n=1)
+        guess = f" Did you mean {close[0]!r}?" if close else ""
+        example = rerun_hint(close[0], ch.params[close[0]], ch.id, overrides[name]) if close else ""
+        raise ParameterError(
+            f"Chapter {ch.id} has no parameter {name!r}.{guess} It takes: {', '.join(ch.params)}." + (f" {example}" if example else "")
+        )
+    merged = {**notebook_defaults(ch), **overrides}
+    checked = _check(ch, merged)
+    return {k: checked[k] for k in overrides}

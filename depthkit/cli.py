@@ -1,9 +1,12 @@
 """The ``depthkit`` command line.
 
-    depthkit book --model smollm2-135m [--smoke] [--chapters 00,01] [--force]
-    depthkit run 04 --model smollm2-135m -p n_prompts=50 [-p ...]
+    depthkit book --model smollm2-135m [--smoke] [--chapters 00,01] [--force] [--no-execute]
+    depthkit run 04 --model smollm2-135m -p n_per_tag=50 [-p ...] [--dtype bfloat16 --device cuda]
     depthkit list
     depthkit results
+    depthkit publish [--remote origin] [--branch gh-pages]
+
+Parameters are checked against the chapter's spec before anything runs.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from pathlib import Path
 
 from depthkit import book
 from depthkit.chapters import CHAPTERS, Chapter, available_chapters, chapter
-from depthkit.models import DEFAULT_MODEL
+from depthkit.models import DEFAULT_MODEL, ModelLoadError
+from depthkit.params import ParameterError
 
 
 def _select(spec: str | None) -> list[Chapter]:
@@ -48,6 +52,12 @@ def _book_root(arg: str | None) -> Path:
     return root
 
 
+def _placement(args: argparse.Namespace) -> dict[str, str]:
+    """--dtype / --device / --device-map, as chapter parameters (only those given)."""
+    given = {"dtype": args.dtype, "device": args.device, "device_map": args.device_map}
+    return {k: v for k, v in given.items() if v is not None}
+
+
 def _cmd_book(args: argparse.Namespace) -> int:
     book.build_book(
         model=args.model,
@@ -57,6 +67,8 @@ def _cmd_book(args: argparse.Namespace) -> int:
         root=_book_root(args.root),
         results_root=_results_root(args.results),
         progress=sys.stderr.isatty(),
+        extra=_placement(args),
+        execute=not args.no_execute,
     )
     return 0
 
@@ -66,14 +78,30 @@ def _cmd_run(args: argparse.Namespace) -> int:
         extra = book.parse_params(args.param or [])
     except ValueError as err:
         raise book.BookError(str(err)) from None
+    clash = sorted(set(extra) & set(_placement(args)))
+    if clash:
+        raise book.BookError(f"{clash[0]} is given both as --{clash[0].replace('_', '-')} and as -p {clash[0]}=...; give it once.")
+    extra.update(_placement(args))
     (ch,) = _select(args.chapter)
-    params = book.chapter_params(ch, args.model, _results_root(args.results), smoke=args.smoke, extra=extra)
-    print(f"depthkit run: chapter {ch.id} ({ch.title}) with {params}")
     root = _book_root(args.root)
-    result = book.execute_chapter(
-        ch, params, root / "book" / "chapters", force=True, progress=sys.stderr.isatty(), work_dir=root / "_build"
+    print(f"depthkit run: chapter {ch.id} ({ch.title})")
+    result = book.run_chapter(
+        ch.id, args.model, smoke=args.smoke, root=root, results_root=_results_root(args.results),
+        progress=sys.stderr.isatty(), **extra,
     )
     print(f"done in {result.elapsed_s:.1f} s; executed notebook: {result.notebook}")
+    print(f"To see it in the book: depthkit book --no-execute{' --root ' + str(root) if args.root else ''}")
+    return 0
+
+
+def _cmd_publish(args: argparse.Namespace) -> int:
+    from depthkit.publish import publish_book
+
+    root = _book_root(args.root)
+    html = root / "_build" / "html"
+    sha = publish_book(html, remote=args.remote, branch=args.branch, message=args.message, repo=root, push=not args.no_push)
+    where = f"local branch {args.branch} (not pushed)" if args.no_push else f"{args.remote}/{args.branch}"
+    print(f"depthkit publish: {html} -> {where} as {sha[:12]}")
     return 0
 
 
@@ -110,8 +138,18 @@ def _parser() -> argparse.ArgumentParser:
 
     results_help = "results folder (default: $DEPTHKIT_RESULTS or ./results of the repository)"
     root_help = "book folder holding _config.yml, _toc.yml and book/ (default: the repository)"
+    def placement(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="precision of the weights (default float32)")
+        p.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: a GPU if there is one)")
+        p.add_argument("--device-map", help="transformers device_map for big hub models, e.g. auto")
+
     p = sub.add_parser("book", help="execute every chapter with papermill and build the HTML book")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"model name or hub id (default {DEFAULT_MODEL})")
+    placement(p)
+    p.add_argument(
+        "--no-execute", action="store_true",
+        help="build the HTML from the executed chapters as they are (chapter 07 is still refreshed when saved results changed)",
+    )
     p.add_argument("--smoke", action="store_true", help="use each chapter's tiny smoke parameters")
     p.add_argument("--chapters", help="comma-separated chapter ids, e.g. 00,01 (default: every chapter)")
     p.add_argument("--force", action="store_true", help="execute chapters even if unchanged since their last run")
@@ -122,6 +160,7 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="execute one chapter into <root>/book/chapters/")
     p.add_argument("chapter", help="chapter id or slug, e.g. 04")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"model name or hub id (default {DEFAULT_MODEL})")
+    placement(p)
     p.add_argument("-p", "--param", action="append", metavar="KEY=VALUE", help="parameter, value read as YAML")
     p.add_argument("--smoke", action="store_true", help="start from the chapter's smoke parameters")
     p.add_argument("--results", help=results_help)
@@ -135,6 +174,14 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("results", help="list the complete result runs")
     p.add_argument("--results", help=results_help)
     p.set_defaults(func=_cmd_results)
+
+    p = sub.add_parser("publish", help="publish the built book (_build/html) to a gh-pages branch of a git remote")
+    p.add_argument("--remote", default="origin", help="git remote to push to (default origin)")
+    p.add_argument("--branch", default="gh-pages", help="branch that holds the site (default gh-pages)")
+    p.add_argument("-m", "--message", help="commit message (default names the commit the book was built from)")
+    p.add_argument("--no-push", action="store_true", help="commit to the local branch only")
+    p.add_argument("--root", help=root_help)
+    p.set_defaults(func=_cmd_publish)
     return parser
 
 
@@ -142,8 +189,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return args.func(args)
-    except book.BookError as err:
-        print(f"depthkit {args.command}: {err}", file=sys.stderr)
+    except (book.BookError, ParameterError, ModelLoadError) as err:
+        kind = "" if isinstance(err, book.BookError) else f"{type(err).__name__}: "
+        print(f"depthkit {args.command}: {kind}{err}", file=sys.stderr)
         return 1
     except ImportError as err:  # a missing optional package says how to install it
         print(f"depthkit {args.command}: {err}", file=sys.stderr)

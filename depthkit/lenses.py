@@ -80,7 +80,9 @@ class Lens(torch.nn.Module):
         return h
 
     def readout(self, h: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_vocab"]:
-        logits = self._model.unembed(self._model.ln_final(h))
+        # Residuals are captured in float32; a bfloat16/float16 model reads them in its
+        # own precision, and lens logits are float32 whatever the model's dtype.
+        logits = self._model.unembed(self._model.ln_final(h.to(self._model.unembed.W_U.dtype))).float()
         if self.softcap > 0:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits

@@ -115,11 +115,44 @@ def weights_fingerprint(model: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """``"float32"`` / ``"bfloat16"`` / ``"float16"`` (or the torch dtype itself)."""
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype.removeprefix("torch.") in DTYPES:
+        return DTYPES[dtype.removeprefix("torch.")]
+    raise ModelLoadError(f"dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}.")
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """The device to load onto: as given, or a GPU if there is one, else the CPU.
+    A device this machine does not have is refused with what it does have."""
+    if device is None or (isinstance(device, str) and not device.strip()):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ModelLoadError(f"device {device!r} is not a device name; use 'cpu', 'cuda', 'cuda:1', 'mps'.") from None
+    n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if dev.type == "cuda" and (n_gpu == 0 or (dev.index or 0) >= n_gpu):
+        have = f"{n_gpu} CUDA device(s)" if n_gpu else "no CUDA device (or a CPU-only build of torch)"
+        raise ModelLoadError(
+            f"device {str(dev)!r} is not available: this machine has {have}. Use device 'cpu', or install a CUDA "
+            "build of torch (README, 'Running on a GPU')."
+        )
+    if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ModelLoadError("device 'mps' is not available on this machine; use 'cpu'.")
+    return dev
+
+
 def load_model(
     name: str = DEFAULT_MODEL,
     *,
-    device: str | None = None,
-    dtype: torch.dtype = torch.float32,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype = torch.float32,
     trust_remote_code: bool = False,
     seed: int = 0,
     device_map: str | dict | None = None,
@@ -127,15 +160,23 @@ def load_model(
 ) -> Any:
     """Load ``name`` as a TransformerLens ``TransformerBridge`` in eval mode.
 
+    ``dtype``: "float32" (default), "bfloat16" or "float16" (or a torch dtype).
+    ``device``: "cpu", "cuda", "cuda:1", ...; None picks a GPU if there is one.
+    ``device_map`` is passed to transformers for hub models (e.g. ``"auto"`` to
+    spread a large model over several GPUs; then ``device`` is not used).
     ``seed`` and ``n_layers`` only matter for tiny random-weight models.
     ``trust_remote_code`` stays off unless the caller turns it on.
-    ``device_map`` is passed to transformers for hub models (e.g. ``"auto"`` to
-    spread a large model over several GPUs).
     """
     if not isinstance(name, str) or not name.strip():
         raise ModelLoadError(f"model must be a non-empty string, got {name!r}. {_names_hint()}")
     name = name.strip()
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = resolve_dtype(dtype)
+    device = str(resolve_device(device))
+    if device_map is not None and (name in EMBEDDED or name in TINY):
+        raise ModelLoadError(
+            f"device_map={device_map!r} is for hub models too big for one device; {name!r} fits on one: "
+            "pass device='cuda' (or 'cpu') instead."
+        )
     if name in EMBEDDED:
         hf_model, tok, hub_id = _load_embedded(name, dtype)
         quant, source = EMBEDDED[name]["quantisation"], "embedded"
@@ -160,6 +201,11 @@ def load_model(
         # GGUF-derived and from_config models carry no architectures list, which the
         # bridge needs to pick its adapter.
         hf_model.config.architectures = [type(hf_model).__name__]
+    if dtype == torch.bfloat16 and device == "cpu":
+        _refuse_unsafe_bf16(hf_model.config)
+    if device_map is None:
+        # Tiny models are built in float32 whatever was asked.
+        hf_model = hf_model.to(dtype=dtype)
     hf_model.eval()
     # Before booting: the bridge wraps the HF modules, which renames state-dict keys.
     fingerprint = weights_fingerprint(hf_model)
@@ -186,6 +232,19 @@ def load_model(
         fingerprint=fingerprint,
     )
     return bridge
+
+
+def _refuse_unsafe_bf16(cfg: Any) -> None:
+    """bfloat16 weights on a CPU whose bfloat16 kernels crash or compute wrong (see
+    depthkit.precision) would kill the kernel mid-chapter: refuse at load time."""
+    from depthkit.precision import MAX_REL_ERROR, bf16_verdict
+
+    d, v = int(getattr(cfg, "hidden_size", 0) or getattr(cfg, "n_embd", 0)), int(cfg.vocab_size)
+    verdict = bf16_verdict(d, v, "cpu", rows=(1, 16))
+    # Slower than float32 is the user's choice; a crash or wrong numbers are not.
+    ran_right = verdict.max_rel_error is not None and verdict.max_rel_error <= MAX_REL_ERROR
+    if not (verdict.use_bf16 or ran_right):
+        raise ModelLoadError(f"dtype 'bfloat16' is not safe on this CPU ({verdict.reason}); use dtype 'float32'.")
 
 
 def _names_hint() -> str:

@@ -19,13 +19,15 @@ import difflib
 import math
 import numbers
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import yaml
 
-__all__ = ["Param", "ParameterError", "check_params"]
+__all__ = ["Param", "ParameterError", "check_params", "rerun_hint"]
 
 
 class ParameterError(ValueError):
@@ -135,17 +137,17 @@ def _show_choices(choices: Sequence[Any]) -> str:
     return ", ".join(repr(c) for c in choices)
 
 
-def _cli_value(value: Any) -> str:
-    if isinstance(value, list):
-        return ",".join(str(v) for v in value)
-    text = str(value)
-    return f'"{text}"' if re.search(r"\s", text) else text
-
-
-def _fix(name: str, param: Param, chapter: str | None, suggest: Any = None) -> str:
+def rerun_hint(name: str, param: Param, chapter: str | None, suggest: Any = None) -> str:
+    """A re-run command with a valid value for ``name``, written so that it parses:
+    ``depthkit run 01 -p n_prompts=200`` (the value as YAML, shell-quoted)."""
     run = f"depthkit run {chapter}" if chapter else "depthkit run <chapter>"
     value = param.example_value() if suggest is None else suggest
-    hint = f"Re-run with a valid value, e.g. `{run} -p {name} {_cli_value(value)}`"
+    rendered = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
+    rendered = rendered.removesuffix("\n...").removesuffix("...").strip()
+    arg = f"{name}={rendered}"
+    # YAML quotes strings like 'yes' with single quotes; double quotes read better then.
+    quoted = f'"{arg}"' if "'" in arg and not set(arg) & set('"$`\\!') else shlex.quote(arg)
+    hint = f"Re-run with a valid value, e.g. `{run} -p {quoted}`"
     if not chapter:
         hint += " (or papermill's `-p` option)"
     return hint + "."
@@ -286,7 +288,7 @@ def check_params(values: Mapping[str, Any], /, *, chapter: str | Param | None = 
     for name, param in spec.items():
         if name not in values and not param.optional:
             raise ParameterError(
-                f"Parameter {name!r} is missing; it must be {param.describe()}. {_fix(name, param, chapter)}"
+                f"Parameter {name!r} is missing; it must be {param.describe()}. {rerun_hint(name, param, chapter)}"
             )
         value = values.get(name)
         try:
@@ -296,6 +298,6 @@ def check_params(values: Mapping[str, Any], /, *, chapter: str | Param | None = 
             about = f" ({param.help})" if param.help else ""
             raise ParameterError(
                 f"{name}{about} must be {param.describe()}, got {value!r} ({_type_name(value)}){reason}. "
-                f"{_fix(name, param, chapter, e.suggest)}"
+                f"{rerun_hint(name, param, chapter, e.suggest)}"
             ) from None
     return checked

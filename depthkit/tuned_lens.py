@@ -335,11 +335,12 @@ class _Readout:
         b = getattr(model.unembed, "b_U", None)
         self.b = None if b is None or not bool(b.detach().abs().sum() > 0) else b.detach().float()
         self.norm = model.ln_final
+        self.norm_dtype = W.dtype  # the model's own precision
         self.softcap = lens.softcap
         self.dtype = dtype
 
     def __call__(self, h: Float[Tensor, "n d_model"]) -> Float[Tensor, "n d_vocab"]:
-        z = (self.norm(h).to(self.dtype) @ self.W).float()
+        z = (self.norm(h.to(self.norm_dtype)).to(self.dtype) @ self.W).float()
         if self.b is not None:
             z = z + self.b
         if self.softcap > 0:
