@@ -33,7 +33,7 @@ UPDATE_STATS = ("norm_h", "attn_rel", "mlp_rel", "block_rel", "cos_attn", "cos_m
 
 # Parameters of every chapter that loads a model: which model, in what precision, where.
 MODEL_PARAMS: dict[str, Param] = {
-    "model": Param(str, help="embedded name (smollm2-135m, gemma3-270m), hub id or local folder"),
+    "model": Param(str, example="smollm2-135m", help="embedded name (smollm2-135m, gemma3-270m), hub id or local folder"),
     "dtype": Param(str, choices=("float32", "bfloat16", "float16"), help="precision of the model's weights"),
     "device": Param(str, optional=True, help="'cpu', 'cuda', 'cuda:1', ...; None picks a GPU if there is one"),
     "device_map": Param(str, optional=True, help="transformers device_map for hub models, e.g. 'auto'"),
@@ -297,7 +297,14 @@ def validate_run(ch: Chapter, overrides: Mapping[str, Any]) -> dict[str, Any]:
         name = unknown[0]
         close = difflib.get_close_matches(name, list(ch.params), n=1)
         guess = f" Did you mean {close[0]!r}?" if close else ""
-        example = rerun_hint(close[0], ch.params[close[0]], ch.id, overrides[name]) if close else ""
+        example = ""
+        if close:
+            param = ch.params[close[0]]
+            try:
+                suggest = check_params({close[0]: overrides[name]}, **{close[0]: param})[close[0]]
+            except ParameterError:
+                suggest = None  # the value does not fit the likely name either: show a valid one
+            example = rerun_hint(close[0], param, ch.id, suggest)
         raise ParameterError(
             f"Chapter {ch.id} has no parameter {name!r}.{guess} It takes: {', '.join(ch.params)}." + (f" {example}" if example else "")
         )

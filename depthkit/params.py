@@ -82,7 +82,7 @@ class Param:
             if self.choices is not None:
                 what += f" from {_show_choices(self.choices)}"
             bounds = _bounds(
-                self.min, self.max, "with at least {lo} items", "with at most {hi} items", "with {lo} to {hi} items"
+                self.min or None, self.max, "with at least {lo} items", "with at most {hi} items", "with {lo} to {hi} items"
             )
             what = f"{what} {bounds}".strip()
         elif self.choices is not None:

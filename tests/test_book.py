@@ -169,9 +169,11 @@ def test_interrupted_run_leaves_nothing_that_looks_complete(
 
 
 def test_atomic_write_replaces_whole_file_and_leaves_no_temp(tmp_path: Path) -> None:
+    from depthkit.cache import atomic_write
+
     target = tmp_path / "x.json"
     target.write_text("old")
-    book._atomic_write(target, "new")
+    atomic_write(target, "new")
     assert target.read_text() == "new"
     assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
 

@@ -78,7 +78,7 @@ def test_every_chapter_validates_its_parameters_first(ch):
     setup_src, params_src, check_src = _cells(ch)
     setup: dict = {}
     exec(setup_src, setup)  # noqa: S102 - the notebook's own imports
-    assert "check_params" in check_src, f"{ch.slug}: the cell after the parameters must validate them"
+    assert f'check_chapter_params("{ch.id}"' in check_src, f"{ch.slug}: the cell after the parameters must validate them"
     defaults = _defaults(params_src)
     for name, value in _bad_values(defaults):
         ns = dict(setup)
@@ -167,3 +167,31 @@ def test_same_parameters_and_seed_give_byte_identical_tables(smoke_book, tmp_pat
         assert first.manifest[key] == second.manifest[key]
     differ = {k for k in first.params if first.params[k] != second.params.get(k)}
     assert differ == {"results_root"}  # the only thing the two runs were told differently
+
+
+def test_a_normal_build_logs_no_papermill_warning(smoke_book):
+    index, _ = smoke_book
+    log = index.parent.parent.parent / "papermill-warnings.txt"
+    assert log.read_text() == "", log.read_text()[:2000]
+
+
+def test_the_book_rebuilds_from_executed_chapters_without_running_them(smoke_book):
+    """After `depthkit run NN --model other`, `depthkit book --no-execute` puts that
+    page into the HTML as it is; chapter 07 runs again only if results changed."""
+    from depthkit import book
+
+    index, results = smoke_book
+    root = index.parent.parent.parent
+    executed = root / "book" / "chapters"
+    before = {p.name: p.read_bytes() for p in executed.glob("*.ipynb")}
+    page = index.parent / "book" / "chapters" / "01_guess_then_refine.html"
+    page.unlink()
+    lines: list[str] = []
+    start = time.perf_counter()
+    out = book.build_book(DEFAULT_MODEL, CHAPTERS, root=root, results_root=results, execute=False, echo=lines.append)
+    assert out == index and page.is_file()
+    assert {p.name: p.read_bytes() for p in executed.glob("*.ipynb")} == before  # nothing re-executed
+    steps = [line for line in lines if line.startswith("[")]
+    assert steps and all(" 07 " in line for line in steps), lines  # only 07 is considered for a run
+    assert any("unchanged since its last run" in line for line in lines)  # results did not change
+    print(f"HTML-only rebuild: {time.perf_counter() - start:.0f} s")

@@ -28,7 +28,7 @@ def test_the_brief_example_message():
         check_params({"n_prompts": -3}, chapter="01", n_prompts=Param(int, min=1, example=200))
     assert str(e.value) == (
         "n_prompts must be an integer >= 1, got -3 (int). "
-        "Re-run with a valid value, e.g. `depthkit run 01 -p n_prompts 200`."
+        "Re-run with a valid value, e.g. `depthkit run 01 -p n_prompts=200`."
     )
 
 
@@ -50,7 +50,7 @@ def test_int_refuses_bools_floats_and_strings(value, fragment):
 
 
 def test_integral_float_suggests_the_integer_in_the_command():
-    with pytest.raises(ParameterError, match=r"`depthkit run 02 -p n 200`"):
+    with pytest.raises(ParameterError, match=r"`depthkit run 02 -p n=200`"):
         check_params({"n": 200.0}, chapter="02_mcq", n=Param(int, min=1))
 
 
@@ -60,7 +60,7 @@ def test_float_accepts_ints_refuses_bool_nan_and_range():
         check_params({"x": False}, x=Param(float))
     with pytest.raises(ParameterError, match="finite"):
         check_params({"x": float("nan")}, x=Param(float))
-    with pytest.raises(ParameterError, match=r"between 0 and 1, got 1.5 \(float\).*-p x 1.0"):
+    with pytest.raises(ParameterError, match=r"between 0 and 1, got 1.5 \(float\).*-p x=1.0"):
         check_params({"x": 1.5}, x=Param(float, min=0, max=1))
 
 
@@ -68,7 +68,7 @@ def test_bounds_are_inclusive():
     spec = {"k": Param(int, min=1, max=10)}
     assert check_params({"k": 1}, **spec) == {"k": 1}
     assert check_params({"k": 10}, **spec) == {"k": 10}
-    with pytest.raises(ParameterError, match=r"between 1 and 10, got 11 \(int\).*-p k 10"):
+    with pytest.raises(ParameterError, match=r"between 1 and 10, got 11 \(int\).*-p k=10"):
         check_params({"k": 11}, **spec)
 
 
@@ -77,7 +77,7 @@ def test_choices_suggest_a_close_match():
         check_params({"lens": "tunde"}, lens=Param(str, choices=("tuned", "logit")))
     msg = str(e.value)
     assert "one of 'tuned', 'logit'" in msg and "got 'tunde' (str)" in msg and "did you mean 'tuned'?" in msg
-    assert "-p lens tuned" in msg
+    assert "-p lens=tuned" in msg
 
 
 def test_bool_refuses_strings_and_ints():
@@ -126,7 +126,7 @@ def test_help_is_shown_and_command_without_chapter():
     with pytest.raises(ParameterError) as e:
         check_params({"frac": -1.0}, frac=Param(float, min=0, help="share of prompts"))
     assert str(e.value).startswith("frac (share of prompts) must be a number >= 0")
-    assert "`depthkit run <chapter> -p frac 0.0` (or papermill's `-p` option)" in str(e.value)
+    assert "`depthkit run <chapter> -p frac=0.0` (or papermill's `-p` option)" in str(e.value)
 
 
 def test_a_parameter_called_chapter_can_be_declared():
