@@ -55,6 +55,7 @@ import pandas as pd
 
 from depthkit import data as dkdata
 from depthkit.lenses import Lens, resolve_lens
+from depthkit.stats import LEVEL, MIN_N
 from depthkit.trajectories import Trajectories, answer_token_ids, trajectories
 
 TASKS = ("mmlu", "sst2", "mrpc", "rte")
@@ -428,17 +429,18 @@ def layer_estimates(
     decide_level: float = 0.9,
     n_boot: int = 1000,
     seed: int = 0,
-    level: float = 0.95,
+    level: float = LEVEL,
+    min_n: int = MIN_N,
 ) -> pd.DataFrame:
     """Per task: the *collection layer* (earliest layer at which the share of prompts
     with every option in the top-|O| reaches ``collect_level`` × its peak over
     layers) and the *decision layer* (earliest layer from which the share whose
     most probable option equals the model's answer stays ≥ ``decide_level``), each
     with a percentile bootstrap interval over prompts
-    (:func:`depthkit.metrics.bootstrap_ci`), plus the peak collection share, the
+    (:func:`depthkit.stats.bootstrap_ci`), plus the peak collection share, the
     layer it is reached at and the number of blocks L.
     """
-    from depthkit.metrics import bootstrap_ci
+    from depthkit.stats import bootstrap_ci
 
     for name, v in (("collect_level", collect_level), ("decide_level", decide_level)):
         if not 0 < v <= 1:
@@ -451,8 +453,8 @@ def layer_estimates(
         layers = coll.columns.to_numpy()
         cm, am = coll.to_numpy(dtype=float), agree.to_numpy(dtype=float)
         idx = np.arange(len(coll), dtype=float)
-        c_ci = bootstrap_ci(idx, stat=lambda i: _collection_layer(cm[i.astype(int)], layers, collect_level), n_boot=n_boot, seed=seed, level=level, dropna=False)
-        d_ci = bootstrap_ci(idx, stat=lambda i: _decision_layer(am[i.astype(int)], layers, decide_level), n_boot=n_boot, seed=seed, level=level, dropna=False)
+        c_ci = bootstrap_ci(idx, stat=lambda i: _collection_layer(cm[i.astype(int)], layers, collect_level), n_boot=n_boot, seed=seed, level=level, dropna=False, min_n=min_n)
+        d_ci = bootstrap_ci(idx, stat=lambda i: _decision_layer(am[i.astype(int)], layers, decide_level), n_boot=n_boot, seed=seed, level=level, dropna=False, min_n=min_n)
         curve = cm.mean(0)
         rows.append(
             {

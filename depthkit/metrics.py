@@ -1,6 +1,6 @@
 """Summary statistics over trajectories: frequency-bucket shares, decision flips,
-earliest-layer-at-rank-≤k onsets, agreement with baseline guesses, bootstrap
-intervals.
+earliest-layer-at-rank-≤k onsets, agreement with baseline guesses (intervals
+from :mod:`depthkit.stats`).
 
 Every function takes tidy DataFrames (the ``steps`` / ``targets`` frames of
 :class:`depthkit.Trajectories`, a token frequency table
@@ -12,13 +12,12 @@ Functions here are self-contained: each validates its own inputs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 
-Stat = Callable[..., float]
+from depthkit.stats import LEVEL, MIN_N, bootstrap_ci
 
 _KEYS = ("item", "position")
 
@@ -73,7 +72,8 @@ def bucket_shares(
     edges: Sequence[int] | None = None,
     n_boot: int = 0,
     seed: int = 0,
-    level: float = 0.95,
+    level: float = LEVEL,
+    min_n: int = MIN_N,
 ) -> pd.DataFrame:
     """Per layer, the share of predictions whose top-1 token falls in each frequency
     bucket.
@@ -92,7 +92,7 @@ def bucket_shares(
             hit = (codes == j).astype(float)
             row = {"layer": int(layer), "bucket": b, "share": hit.mean(), "n": int(hit.sum()), "n_total": len(hit)}
             if n_boot:
-                ci = bootstrap_ci(hit, n_boot=n_boot, seed=seed, level=level)
+                ci = bootstrap_ci(hit, n_boot=n_boot, seed=seed, level=level, min_n=min_n)
                 row.update(lo=ci.lo, hi=ci.hi)
             rows.append(row)
     out = pd.DataFrame(rows)
@@ -126,7 +126,8 @@ def flip_rates(
     edges: Sequence[int] | None = None,
     n_boot: int = 0,
     seed: int = 0,
-    level: float = 0.95,
+    level: float = LEVEL,
+    min_n: int = MIN_N,
 ) -> pd.DataFrame:
     """Decision flip rate per layer and frequency bucket of the layer's top-1: the
     fraction of predictions whose layer-ℓ top-1 differs from the final top-1.
@@ -147,7 +148,7 @@ def flip_rates(
         v = g["flip"].to_numpy()
         row = {"layer": int(layer), "bucket": bucket, "flip_rate": v.mean(), "n_flipped": int(v.sum()), "n": len(v)}
         if n_boot:
-            ci = bootstrap_ci(v, n_boot=n_boot, seed=seed, level=level)
+            ci = bootstrap_ci(v, n_boot=n_boot, seed=seed, level=level, min_n=min_n)
             row.update(lo=ci.lo, hi=ci.hi)
         rows.append(row)
     out = pd.DataFrame(rows)
@@ -244,7 +245,8 @@ def onset_curve(
     by: Sequence[str] = (),
     n_boot: int = 0,
     seed: int = 0,
-    level: float = 0.95,
+    level: float = LEVEL,
+    min_n: int = MIN_N,
 ) -> pd.DataFrame:
     """Mean onset layer per k (and group), over the items that ever reach rank ≤ k.
 
@@ -266,89 +268,12 @@ def onset_curve(
             n_items=len(v),
         )
         if n_boot:
-            ci = bootstrap_ci(reached, n_boot=n_boot, seed=seed, level=level)
+            ci = bootstrap_ci(reached, n_boot=n_boot, seed=seed, level=level, min_n=min_n)
             row.update(lo=ci.lo, hi=ci.hi)
         rows.append(row)
     out = pd.DataFrame(rows)
     out["k"] = out["k"].astype(np.int64)
     return out
-
-
-class CI(NamedTuple):
-    """A statistic with its percentile bootstrap interval."""
-
-    estimate: float
-    lo: float
-    hi: float
-    n: int
-
-
-def _boot_stats(values: np.ndarray, stat: Stat, n_boot: int, rng: np.random.Generator) -> np.ndarray:
-    idx = rng.integers(0, len(values), size=(n_boot, len(values)))
-    samples = values[idx]
-    try:
-        # numpy reductions take axis=; one vectorised call instead of n_boot calls.
-        out = np.asarray(stat(samples, axis=1), dtype=float)
-        if out.shape == (n_boot,):
-            return out
-    except TypeError:
-        pass
-    return np.array([stat(s) for s in samples], dtype=float)
-
-
-def bootstrap_ci(
-    values: Sequence[float] | np.ndarray | pd.Series,
-    stat: Stat = np.mean,
-    n_boot: int = 1000,
-    seed: int = 0,
-    level: float = 0.95,
-    *,
-    dropna: bool = True,
-) -> CI:
-    """Percentile bootstrap interval of ``stat(values)``.
-
-    Resamples ``values`` with replacement ``n_boot`` times (``numpy`` generator seeded
-    with ``seed``) and returns the ``(1 - level) / 2`` and ``(1 + level) / 2``
-    quantiles of the resampled statistic. ``NaN`` values are dropped first unless
-    ``dropna=False`` (then they raise). No values: estimate and bounds are ``NaN``.
-    """
-    if not 0 < level < 1:
-        raise ValueError(f"level must lie strictly between 0 and 1 (e.g. 0.95), got {level}.")
-    if int(n_boot) != n_boot or n_boot < 1:
-        raise ValueError(f"n_boot must be a positive integer, got {n_boot!r}.")
-    v = np.asarray(values, dtype=float).ravel()
-    if np.isnan(v).any():
-        if not dropna:
-            raise ValueError("values contain NaN; drop them or pass dropna=True.")
-        v = v[~np.isnan(v)]
-    if len(v) == 0:
-        return CI(np.nan, np.nan, np.nan, 0)
-    est = float(stat(v))
-    boots = _boot_stats(v, stat, int(n_boot), np.random.default_rng(seed))
-    alpha = (1 - level) / 2
-    lo, hi = np.quantile(boots, [alpha, 1 - alpha])
-    return CI(est, float(lo), float(hi), len(v))
-
-
-def bootstrap_ci_by(
-    df: pd.DataFrame,
-    value: str,
-    by: str | Sequence[str],
-    stat: Stat = np.mean,
-    n_boot: int = 1000,
-    seed: int = 0,
-    level: float = 0.95,
-) -> pd.DataFrame:
-    """:func:`bootstrap_ci` of column ``value`` within each group of ``by``
-    (groups resampled independently). Returns ``[*by, estimate, lo, hi, n]``."""
-    by = [by] if isinstance(by, str) else list(by)
-    _require(df, [*by, value], "The frame")
-    rows = []
-    for key, g in df.groupby(by, sort=True, observed=True):
-        key = key if isinstance(key, tuple) else (key,)
-        ci = bootstrap_ci(g[value].to_numpy(), stat=stat, n_boot=n_boot, seed=seed, level=level)
-        rows.append({**dict(zip(by, key)), **ci._asdict()})
-    return pd.DataFrame(rows)
 
 
 def rank_bins(ranks: np.ndarray | pd.Series, edges: Sequence[int] = (10, 30, 100, 300, 1000, 3000)) -> pd.Categorical:
@@ -364,113 +289,6 @@ def rank_bins(ranks: np.ndarray | pd.Series, edges: Sequence[int] = (10, 30, 100
         raise ValueError("Frequency ranks start at 1; got a rank below 1.")
     codes = np.searchsorted(np.asarray(e), r, side="left")
     return pd.Categorical.from_codes(codes, categories=names, ordered=True)
-
-
-def stratified_difference(
-    df: pd.DataFrame,
-    value: str,
-    group: str,
-    strata: str,
-    a: str,
-    b: str,
-    *,
-    n_boot: int = 1000,
-    seed: int = 0,
-    level: float = 0.95,
-) -> pd.DataFrame:
-    """Mean of ``value`` for group ``b`` minus group ``a`` within each stratum (e.g.
-    content minus function words within a frequency bin), and their average over the
-    strata where both groups occur, weighted by the stratum's number of rows.
-
-    Rows with ``NaN`` values are dropped. The bootstrap resamples rows within each
-    (stratum, group) cell, so the pooled interval respects the matching. Returns
-    ``[stratum, n_a, n_b, mean_a, mean_b, diff, lo, hi]`` with a last row
-    ``stratum = "matched (weighted)"``.
-    """
-    _require(df, [value, group, strata], "The frame")
-    d = df.dropna(subset=[value])
-    rng = np.random.default_rng(seed)
-    alpha = (1 - level) / 2
-    rows, boot_rows, weights = [], [], []
-    for s, g in d.groupby(strata, sort=True, observed=True):
-        va = g.loc[g[group] == a, value].to_numpy(dtype=float)
-        vb = g.loc[g[group] == b, value].to_numpy(dtype=float)
-        row = {
-            "stratum": str(s),
-            "n_a": len(va),
-            "n_b": len(vb),
-            "mean_a": va.mean() if len(va) else np.nan,
-            "mean_b": vb.mean() if len(vb) else np.nan,
-        }
-        if len(va) and len(vb):
-            boot = _boot_stats(vb, np.mean, n_boot, rng) - _boot_stats(va, np.mean, n_boot, rng)
-            row.update(diff=row["mean_b"] - row["mean_a"], lo=np.quantile(boot, alpha), hi=np.quantile(boot, 1 - alpha))
-            boot_rows.append(boot)
-            weights.append(len(va) + len(vb))
-        else:
-            row.update(diff=np.nan, lo=np.nan, hi=np.nan)
-        rows.append(row)
-    out = pd.DataFrame(rows)
-    pooled = {"stratum": "matched (weighted)", "n_a": np.nan, "n_b": np.nan, "mean_a": np.nan, "mean_b": np.nan}
-    if weights:
-        w = np.asarray(weights, dtype=float) / sum(weights)
-        has = out["diff"].notna()
-        pooled.update(
-            n_a=int(out.loc[has, "n_a"].sum()),
-            n_b=int(out.loc[has, "n_b"].sum()),
-            diff=float(np.dot(w, out.loc[has, "diff"].to_numpy())),
-        )
-        boot = np.stack(boot_rows).T @ w
-        pooled.update(lo=float(np.quantile(boot, alpha)), hi=float(np.quantile(boot, 1 - alpha)))
-    else:
-        pooled.update(diff=np.nan, lo=np.nan, hi=np.nan)
-    return pd.concat([out, pd.DataFrame([pooled])], ignore_index=True)
-
-
-def adjusted_difference(
-    df: pd.DataFrame,
-    value: str,
-    group: str,
-    covariate: str,
-    a: str,
-    b: str,
-    *,
-    n_boot: int = 1000,
-    seed: int = 0,
-    level: float = 0.95,
-) -> pd.DataFrame:
-    """Difference of ``value`` between groups ``b`` and ``a`` adjusted linearly for
-    ``covariate``: the coefficient of the indicator ``group == b`` in the least-squares
-    fit ``value ~ 1 + covariate + [group == b]`` over the rows of both groups.
-
-    Complements :func:`stratified_difference` when the groups barely overlap in the
-    covariate (it then extrapolates along the fitted line instead of matching). Rows
-    with ``NaN`` are dropped; the bootstrap resamples rows within each group.
-    Returns one row ``[estimate, lo, hi, slope, n_a, n_b]`` (``slope``: the
-    covariate's coefficient).
-    """
-    _require(df, [value, group, covariate], "The frame")
-    d = df[df[group].isin([a, b])].dropna(subset=[value, covariate])
-    ya = d.loc[d[group] == a, [value, covariate]].to_numpy(dtype=float)
-    yb = d.loc[d[group] == b, [value, covariate]].to_numpy(dtype=float)
-    if len(ya) < 1 or len(yb) < 1 or len(ya) + len(yb) < 4:
-        return pd.DataFrame([{"estimate": np.nan, "lo": np.nan, "hi": np.nan, "slope": np.nan, "n_a": len(ya), "n_b": len(yb)}])
-
-    def fit(ra: np.ndarray, rb: np.ndarray) -> np.ndarray:
-        rows = np.concatenate([ra, rb])
-        x = np.column_stack([np.ones(len(rows)), rows[:, 1], np.r_[np.zeros(len(ra)), np.ones(len(rb))]])
-        return np.linalg.lstsq(x, rows[:, 0], rcond=None)[0]
-
-    coef = fit(ya, yb)
-    rng = np.random.default_rng(seed)
-    boots = np.array(
-        [fit(ya[rng.integers(0, len(ya), len(ya))], yb[rng.integers(0, len(yb), len(yb))])[2] for _ in range(int(n_boot))]
-    )
-    alpha = (1 - level) / 2
-    lo, hi = np.quantile(boots, [alpha, 1 - alpha])
-    return pd.DataFrame(
-        [{"estimate": float(coef[2]), "lo": float(lo), "hi": float(hi), "slope": float(coef[1]), "n_a": len(ya), "n_b": len(yb)}]
-    )
 
 
 def layers_later(diff: float, than: str | None = None, *, digits: int = 1) -> str:

@@ -30,6 +30,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from depthkit.lenses import LogitLens
+from depthkit.stats import LEVEL, MIN_N
 from depthkit.trajectories import Item, TokenNames, _pad_id, collect_residuals, encode, residual_hook_names
 from depthkit.models import tokenizer_of
 
@@ -264,18 +265,19 @@ def transition_layer(
     against: str = "target-option",
     n_boot: int = 1000,
     seed: int = 0,
-    level: float = 0.95,
+    level: float = LEVEL,
+    min_n: int = MIN_N,
 ) -> dict[str, float]:
     """The layer where patching starts to carry the source's answer: the earliest
     layer from which the share of pairs whose output is ``to`` stays above the share
     that is ``against`` at every later layer (NaN if that never holds at the last
     layer swept). The interval resamples pairs (percentile bootstrap,
-    :func:`depthkit.metrics.bootstrap_ci`).
+    :func:`depthkit.stats.bootstrap_ci`).
 
     For a random-source control of the same task use ``column="follows", to="source",
     against="target"``.
     """
-    from depthkit.metrics import bootstrap_ci
+    from depthkit.stats import bootstrap_ci
 
     need = {"pair", "layer", column}
     if not need <= set(sweep.columns):
@@ -293,6 +295,6 @@ def transition_layer(
 
     # A resample in which the shares never cross gives NaN, and then so does the
     # interval: an interval never hides that the crossing is unstable.
-    ci = bootstrap_ci(np.arange(len(wide), dtype=float), stat=stat, n_boot=n_boot, seed=seed, level=level, dropna=False)
+    ci = bootstrap_ci(np.arange(len(wide), dtype=float), stat=stat, n_boot=n_boot, seed=seed, level=level, dropna=False, min_n=min_n)
     return {"transition_layer": ci.estimate, "lo": ci.lo, "hi": ci.hi, "n_pairs": int(len(wide))}
 

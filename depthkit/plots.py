@@ -577,7 +577,7 @@ def _panel_scale(d: Any) -> alt.Scale:
 
 def residual_curves_chart(curves: Any, *, marks: Any | None = None, title: str = "The residual stream, block by block") -> alt.VConcatChart:
     """One panel per group of statistics (``curves``: DataFrame[x, stat, panel,
-    mean, low, high], x = layer or block), lines with bootstrap bands, and optional
+    mean, lo, hi], x = layer or block), lines with bootstrap bands, and optional
     vertical rules ``marks``: DataFrame[name, layer] (transition estimates). Click a
     legend entry to highlight one statistic."""
     data = _plain(curves)
@@ -590,9 +590,9 @@ def residual_curves_chart(curves: Any, *, marks: Any | None = None, title: str =
             color=alt.Color("stat:N", title="statistic"),
             opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
         )
-        tips = ["stat:N", "x:Q", alt.Tooltip("mean:Q", format=".4f"), alt.Tooltip("low:Q", format=".4f"), alt.Tooltip("high:Q", format=".4f")]
+        tips = ["stat:N", "x:Q", alt.Tooltip("mean:Q", format=".4f"), alt.Tooltip("lo:Q", format=".4f"), alt.Tooltip("hi:Q", format=".4f")]
         layers = [
-            base.mark_area(opacity=0.15).encode(y="low:Q", y2="high:Q"),
+            base.mark_area(opacity=0.15).encode(y="lo:Q", y2="hi:Q"),
             base.mark_line(point=True).encode(y=alt.Y("mean:Q", title=panel, scale=_panel_scale(d)), tooltip=tips),
         ]
         if marks is not None and len(marks):
@@ -608,12 +608,12 @@ def residual_curves_chart(curves: Any, *, marks: Any | None = None, title: str =
 
 def transition_chart(estimates: Any, *, n_blocks: int, title: str = "Transition layers: estimates and bootstrap intervals") -> alt.LayerChart:
     """Point and interval per transition estimate (``estimates``: DataFrame[name,
-    estimate, low, high]) on the axis 0..L."""
+    estimate, lo, hi]) on the axis 0..L."""
     data = _plain(estimates)
     base = alt.Chart(data).encode(y=alt.Y("name:N", title=None, sort=None))
-    tips = ["name:N", alt.Tooltip("estimate:Q", format=".1f"), alt.Tooltip("low:Q", format=".1f"), alt.Tooltip("high:Q", format=".1f")]
+    tips = ["name:N", alt.Tooltip("estimate:Q", format=".1f"), alt.Tooltip("lo:Q", format=".1f"), alt.Tooltip("hi:Q", format=".1f")]
     return alt.layer(
-        base.mark_rule(size=3, opacity=0.5).encode(x=alt.X("low:Q", title="layer", scale=alt.Scale(domain=[0, n_blocks])), x2="high:Q"),
+        base.mark_rule(size=3, opacity=0.5).encode(x=alt.X("lo:Q", title="layer", scale=alt.Scale(domain=[0, n_blocks])), x2="hi:Q"),
         base.mark_point(filled=True, size=90).encode(x="estimate:Q", tooltip=tips),
     ).properties(width=560, height=max(60, 28 * len(data)), title=title)
 
@@ -713,7 +713,7 @@ def exit_frontier_chart(sweep: Any, *, target: float = 0.99, title: str = "Early
 
 def across_models_chart(table: Any, *, title: str = "Headline quantities on normalised depth ℓ/L") -> alt.Chart:
     """One row per quantity, one point per model (``table``: DataFrame[quantity,
-    model, value, low, high, source]); paper reference rows are drawn as hollow
+    model, value, lo, hi, source]); paper reference rows are drawn as hollow
     squares."""
     data = _plain(table)
     pick = alt.selection_point(fields=["model"], bind="legend")
@@ -722,10 +722,10 @@ def across_models_chart(table: Any, *, title: str = "Headline quantities on norm
         color=alt.Color("model:N"),
         opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
     )
-    tips = ["quantity:N", "model:N", "source:N", alt.Tooltip("value:Q", format=".3f"), alt.Tooltip("low:Q", format=".3f"), alt.Tooltip("high:Q", format=".3f")]
+    tips = ["quantity:N", "model:N", "source:N", alt.Tooltip("value:Q", format=".3f"), alt.Tooltip("lo:Q", format=".3f"), alt.Tooltip("hi:Q", format=".3f")]
     return (
         alt.layer(
-            base.mark_rule(size=2).encode(x=alt.X("low:Q", title="value", scale=alt.Scale(domain=[0, 1])), x2="high:Q"),
+            base.mark_rule(size=2).encode(x=alt.X("lo:Q", title="value", scale=alt.Scale(domain=[0, 1])), x2="hi:Q"),
             base.mark_point(size=90).encode(
                 x="value:Q",
                 shape=alt.Shape("source:N", scale=alt.Scale(domain=["this project", "paper (reference)"], range=["circle", "square"])),

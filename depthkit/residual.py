@@ -23,7 +23,6 @@ magnitude in most models and has no context to refine.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -33,6 +32,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from depthkit.lenses import LogitLens
+from depthkit.stats import MIN_N, LayerEstimate, curve_estimate, two_segment_fit
 from depthkit.trajectories import Item, Trajectories, batch_tensors, encode
 
 
@@ -198,192 +198,12 @@ def update_stats(model, items: Sequence[Item], *, batch_size: int = 8, progress:
     return out.reset_index()
 
 
-def layer_means(per_item: pd.DataFrame, value: str, *, by: str = "block", ci: float = 0.9, n_boot: int = 200, seed: int = 0) -> pd.DataFrame:
-    """Mean of ``value`` per ``by`` (layer or block) over items, with a percentile
-    bootstrap interval over items: columns ``[by, mean, low, high, n_items]``."""
-    curves = _curves(per_item, value, by)
-    rng = np.random.default_rng(seed)
-    n = curves.shape[0]
-    boots = np.stack([np.nanmean(curves[rng.integers(0, n, n)], axis=0) for _ in range(n_boot)])
-    a = (1 - ci) / 2
-    return pd.DataFrame(
-        {
-            by: _curve_index(per_item, by),
-            "mean": np.nanmean(curves, axis=0),
-            "low": np.nanquantile(boots, a, axis=0),
-            "high": np.nanquantile(boots, 1 - a, axis=0),
-            "n_items": n,
-        }
-    )
-
-
-def _curve_index(per_item: pd.DataFrame, by: str) -> np.ndarray:
-    return np.sort(per_item[by].unique())
-
-
-def _curves(per_item: pd.DataFrame, value: str, by: str) -> np.ndarray:
-    """[item, layer] array of ``value`` (NaN where an item lacks a layer)."""
-    for col in ("item", by, value):
-        if col not in per_item.columns:
-            raise KeyError(f"Column {col!r} is missing; have {list(per_item.columns)}.")
-    wide = per_item.pivot_table(index="item", columns=by, values=value, aggfunc="mean")
-    if wide.empty:
-        raise ValueError("No rows to build curves from.")
-    return wide.reindex(columns=_curve_index(per_item, by)).to_numpy(dtype=float)
-
-
 # ---------------------------------------------------------------------------
 # Transition estimates
 
 
-@dataclass(frozen=True)
-class SegmentFit:
-    """Best two-segment least-squares fit of ``y`` against ``x``.
-
-    ``split`` is the layer where the regime changes: the knot of the continuous
-    (hinge) fit, or the first x of the second segment of the broken fit.
-    """
-
-    split: float
-    sse: float
-    slope_left: float
-    slope_right: float
-    fitted: np.ndarray
-    kind: str
-
-
-def two_segment_fit(x: Sequence[float], y: Sequence[float], *, kind: str = "hinge", min_points: int = 2) -> SegmentFit:
-    """Fit two straight segments to a curve and return the best split.
-
-    ``kind="hinge"``: a continuous piecewise-linear fit ``y = a + b·x + c·max(x - k, 0)``
-    with the knot ``k`` tried at every x that leaves ``min_points`` points on each
-    side (knot included on both). ``kind="broken"``: two independent lines on
-    ``x < k`` and ``x ≥ k`` (allows a jump). Ties between splits go to the earliest.
-    """
-    x = np.asarray(x, dtype=float)
-    y = np.asarray(y, dtype=float)
-    if x.shape != y.shape or x.ndim != 1:
-        raise ValueError(f"x and y must be 1-d and of equal length, got shapes {x.shape} and {y.shape}.")
-    ok = np.isfinite(x) & np.isfinite(y)
-    x, y = x[ok], y[ok]
-    order = np.argsort(x, kind="stable")
-    x, y = x[order], y[order]
-    if kind not in ("hinge", "broken"):
-        raise ValueError(f"kind must be 'hinge' or 'broken', got {kind!r}.")
-    if len(x) < 2 * min_points + (0 if kind == "broken" else -1):
-        raise ValueError(f"A two-segment fit needs at least {2 * min_points} finite points, got {len(x)}.")
-    best: SegmentFit | None = None
-    for j in range(len(x)):
-        k = x[j]
-        if kind == "hinge":
-            if j + 1 < min_points or len(x) - j < min_points:
-                continue
-            design = np.stack([np.ones_like(x), x, np.maximum(x - k, 0.0)], 1)
-            coef, *_ = np.linalg.lstsq(design, y, rcond=None)
-            fitted = design @ coef
-            slopes = (coef[1], coef[1] + coef[2])
-        else:
-            if j < min_points or len(x) - j < min_points:
-                continue
-            fitted = np.empty_like(y)
-            slopes = []
-            for sl in (slice(0, j), slice(j, None)):
-                design = np.stack([np.ones_like(x[sl]), x[sl]], 1)
-                coef, *_ = np.linalg.lstsq(design, y[sl], rcond=None)
-                fitted[sl] = design @ coef
-                slopes.append(coef[1])
-        sse = float(((y - fitted) ** 2).sum())
-        if best is None or sse < best.sse - 1e-12 * max(1.0, abs(best.sse)):
-            best = SegmentFit(float(k), sse, float(slopes[0]), float(slopes[1]), fitted, kind)
-    if best is None:
-        raise ValueError(f"No split leaves {min_points} points on each side of {len(x)} points.")
-    return best
-
-
-def knee(x: Sequence[float], y: Sequence[float]) -> float:
-    """The x of largest distance between the curve and the chord joining its first
-    and last points, both axes min-max normalised (the Kneedle criterion of
-    Satopää et al. 2011, without smoothing). For a KL curve that stays high and then
-    falls it is where the fall starts; for one that falls and then flattens, where
-    it flattens."""
-    x = np.asarray(x, dtype=float)
-    y = np.asarray(y, dtype=float)
-    ok = np.isfinite(x) & np.isfinite(y)
-    x, y = x[ok], y[ok]
-    if len(x) < 3:
-        raise ValueError(f"A knee needs at least 3 finite points, got {len(x)}.")
-    order = np.argsort(x, kind="stable")
-    x, y = x[order], y[order]
-    xn = (x - x[0]) / (x[-1] - x[0])
-    span = y.max() - y.min()
-    yn = (y - y.min()) / span if span > 0 else np.zeros_like(y)
-    chord = yn[0] + (yn[-1] - yn[0]) * xn
-    return float(x[int(np.argmax(np.abs(yn - chord)))])
-
-
-def settling_layer(x: Sequence[float], y: Sequence[float], *, tol: float = 0.05) -> float:
-    """Earliest x from which ``y`` stays within ``tol`` (absolute) of its last value
-    for good. Used for "the layer where the Top-10 share reaches its final level":
-    with shares in [0, 1] and ``tol=0.05``, the first layer after which the share
-    never again differs from the model's own (layer L) share by more than five
-    percentage points."""
-    x = np.asarray(x, dtype=float)
-    y = np.asarray(y, dtype=float)
-    if len(x) == 0 or x.shape != y.shape:
-        raise ValueError("settling_layer needs non-empty x and y of equal length.")
-    order = np.argsort(x, kind="stable")
-    x, y = x[order], y[order]
-    outside = np.abs(y - y[-1]) > tol
-    if not outside.any():
-        return float(x[0])
-    return float(x[int(np.nonzero(outside)[0].max()) + 1])
-
-
-@dataclass(frozen=True)
-class LayerEstimate:
-    """A transition layer from the mean curve over texts, with a bootstrap interval."""
-
-    name: str
-    estimate: float
-    low: float
-    high: float
-    n_items: int
-    n_boot: int
-
-    def as_dict(self) -> dict:
-        return dict(self.__dict__)
-
-
-def bootstrap_layer(
-    per_item: pd.DataFrame,
-    value: str,
-    estimator: Callable[[np.ndarray, np.ndarray], float],
-    *,
-    by: str = "layer",
-    name: str | None = None,
-    n_boot: int = 200,
-    ci: float = 0.9,
-    seed: int = 0,
-) -> LayerEstimate:
-    """Apply ``estimator(x, mean_curve)`` to the mean curve of ``value`` over items,
-    and to the mean curves of ``n_boot`` resamples of the items (with replacement);
-    the interval is the central ``ci`` percentile range of the resampled estimates."""
-    if n_boot < 1:
-        raise ValueError(f"n_boot must be at least 1, got {n_boot}.")
-    curves = _curves(per_item, value, by)
-    x = _curve_index(per_item, by).astype(float)
-    point = estimator(x, np.nanmean(curves, axis=0))
-    rng = np.random.default_rng(seed)
-    n = curves.shape[0]
-    samples = np.array([estimator(x, np.nanmean(curves[rng.integers(0, n, n)], axis=0)) for _ in range(n_boot)])
-    a = (1 - ci) / 2
-    return LayerEstimate(
-        name or value, float(point), float(np.quantile(samples, a)), float(np.quantile(samples, 1 - a)), n, n_boot
-    )
-
-
 def split_estimator(kind: str = "hinge", min_points: int = 2) -> Callable[[np.ndarray, np.ndarray], float]:
-    """``estimator`` for :func:`bootstrap_layer` returning the two-segment split."""
+    """``estimator`` for :func:`depthkit.stats.curve_estimate` returning the two-segment split."""
     return lambda x, y: two_segment_fit(x, y, kind=kind, min_points=min_points).split
 
 
@@ -536,9 +356,9 @@ def phase_change(
     blocks: Sequence[int] | None = None,
     log: bool = True,
     kind: str = "hinge",
-    n_boot: int = 200,
-    ci: float = 0.9,
+    n_boot: int = 1000,
     seed: int = 0,
+    min_n: int = MIN_N,
 ) -> LayerEstimate:
     """The phase-change layer ℓ*: the two-segment split of the mean curve of a
     per-block statistic (output of :func:`update_stats`), with a bootstrap interval
@@ -557,4 +377,4 @@ def phase_change(
     sub = per_item[per_item["block"].isin(keep)]
     if log and (sub[value] > 0).all():
         sub = sub.assign(**{value: np.log(sub[value])})
-    return bootstrap_layer(sub, value, split_estimator(kind), by="block", name=value, n_boot=n_boot, ci=ci, seed=seed)
+    return curve_estimate(sub, value, split_estimator(kind), by="block", name=value, n_boot=n_boot, seed=seed, min_n=min_n)

@@ -63,7 +63,7 @@ def test_per_item_and_shares_by_hand():
 
 
 def test_layer_estimates_by_hand():
-    est = layer_estimates(HAND, n_boot=200).iloc[0]
+    est = layer_estimates(HAND, n_boot=200, min_n=1).iloc[0]
     assert est.collection_layer == 1  # half of the peak share (0.5) is reached at layer 1
     assert est.peak_collected_share == 0.5
     assert est.decision_layer == 2  # agreement with the answer is 1.0 from layer 2 on

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from depthkit import metrics
+from depthkit import metrics, stats
 from depthkit.frequency import BUCKETS
 
 TOP, B100, B1000, REST = BUCKETS
@@ -53,7 +53,7 @@ def test_bucket_shares_by_hand():
 
 
 def test_bucket_shares_bootstrap_bounds_bracket_share():
-    s = metrics.bucket_shares(STEPS, FREQ, n_boot=200, seed=1)
+    s = metrics.bucket_shares(STEPS, FREQ, n_boot=200, seed=1, min_n=1)
     assert (s["lo"] <= s["share"] + 1e-12).all() and (s["share"] <= s["hi"] + 1e-12).all()
     # a bucket that no prompt is in has a degenerate interval at zero
     empty = s[(s["layer"] == 0) & (s["bucket"] == REST)]
@@ -166,18 +166,18 @@ def test_onset_curve_by_hand():
     assert c.loc[50, "mean_onset"] == 1.0  # (0 + 2) / 2
     # grouped
     o = o.merge(pd.DataFrame({"item": [0, 1], "tag": ["DET", "NOUN"]}), on="item")
-    g = metrics.onset_curve(o, by=["tag"], n_boot=50)
+    g = metrics.onset_curve(o, by=["tag"], n_boot=50, min_n=1)
     noun = g[g["tag"] == "NOUN"].set_index("k")
     assert np.isnan(noun.loc[1, "mean_onset"]) and noun.loc[1, "n_reached"] == 0
     assert noun.loc[5, "mean_onset"] == 3.0 and noun.loc[5, "lo"] == 3.0 and noun.loc[5, "hi"] == 3.0
 
 
 def test_bootstrap_ci_constant_and_reproducible():
-    ci = metrics.bootstrap_ci([2.0] * 10)
-    assert ci == metrics.CI(2.0, 2.0, 2.0, 10)
+    ci = stats.bootstrap_ci([2.0] * 10)
+    assert ci == stats.CI(2.0, 2.0, 2.0, 10)
     v = np.random.default_rng(5).normal(size=50)
-    assert metrics.bootstrap_ci(v, seed=3) == metrics.bootstrap_ci(v, seed=3)
-    assert metrics.bootstrap_ci(v, seed=3) != metrics.bootstrap_ci(v, seed=4)
+    assert stats.bootstrap_ci(v, seed=3) == stats.bootstrap_ci(v, seed=3)
+    assert stats.bootstrap_ci(v, seed=3) != stats.bootstrap_ci(v, seed=4)
 
 
 def test_bootstrap_ci_matches_a_written_out_percentile_bootstrap():
@@ -185,14 +185,14 @@ def test_bootstrap_ci_matches_a_written_out_percentile_bootstrap():
     rng = np.random.default_rng(11)
     means = [v[rng.integers(0, len(v), len(v))].mean() for _ in range(400)]
     lo, hi = np.quantile(means, [0.05, 0.95])
-    ci = metrics.bootstrap_ci(v, n_boot=400, seed=11, level=0.90)
+    ci = stats.bootstrap_ci(v, n_boot=400, seed=11, level=0.90, min_n=1)
     assert ci.estimate == v.mean()
     assert ci.lo == pytest.approx(lo) and ci.hi == pytest.approx(hi)
 
 
 def test_bootstrap_ci_width_matches_normal_theory():
     v = np.random.default_rng(0).normal(loc=1.0, scale=2.0, size=400)
-    ci = metrics.bootstrap_ci(v, n_boot=2000)
+    ci = stats.bootstrap_ci(v, n_boot=2000)
     expected = 2 * 1.96 * v.std(ddof=1) / np.sqrt(len(v))
     assert ci.hi - ci.lo == pytest.approx(expected, rel=0.15)
     assert ci.lo < v.mean() < ci.hi
@@ -200,20 +200,20 @@ def test_bootstrap_ci_width_matches_normal_theory():
 
 def test_bootstrap_ci_other_statistics_and_nan():
     v = [1.0, 2.0, np.nan, 4.0, 100.0]
-    med = metrics.bootstrap_ci(v, stat=np.median, n_boot=100)
+    med = stats.bootstrap_ci(v, stat=np.median, n_boot=100)
     assert med.estimate == 3.0 and med.n == 4
-    spread = metrics.bootstrap_ci(v, stat=lambda x: x.max() - x.min(), n_boot=100)  # no axis= argument
+    spread = stats.bootstrap_ci(v, stat=lambda x: x.max() - x.min(), n_boot=100, min_n=1)  # no axis= argument
     assert spread.estimate == 99.0 and 0 <= spread.lo <= spread.hi <= 99.0
     with pytest.raises(ValueError, match="NaN"):
-        metrics.bootstrap_ci(v, dropna=False)
-    assert np.isnan(metrics.bootstrap_ci([np.nan]).estimate)
+        stats.bootstrap_ci(v, dropna=False)
+    assert np.isnan(stats.bootstrap_ci([np.nan]).estimate)
     with pytest.raises(ValueError, match="level"):
-        metrics.bootstrap_ci([1.0], level=95)
+        stats.bootstrap_ci([1.0], level=95)
 
 
 def test_bootstrap_ci_by_groups():
     df = pd.DataFrame({"g": ["a", "a", "b", "b", "b"], "v": [1.0, 1.0, 2.0, 4.0, 6.0]})
-    out = metrics.bootstrap_ci_by(df, "v", "g", n_boot=100).set_index("g")
+    out = stats.bootstrap_ci_by(df, "v", "g", n_boot=100, min_n=1).set_index("g")
     assert out.loc["a", "estimate"] == 1.0 and out.loc["a", "lo"] == 1.0 and out.loc["a", "n"] == 2
     assert out.loc["b", "estimate"] == 4.0 and out.loc["b", "lo"] < 4.0 < out.loc["b", "hi"]
 
@@ -234,7 +234,7 @@ def test_stratified_difference_by_hand():
             "bin": ["s1", "s1", "s1", "s2", "s2", "s2", "s3", "s3"],
         }
     )
-    out = metrics.stratified_difference(df, "onset", "cls", "bin", a="f", b="c", n_boot=200).set_index("stratum")
+    out = stats.stratified_difference(df, "onset", "cls", "bin", a="f", b="c", n_boot=200, min_per_cell=1, min_n=1).set_index("stratum")
     assert out.loc["s1", "diff"] == 3.0  # 5 - (1 + 3) / 2
     assert out.loc["s2", "diff"] == 2.0  # (10 + 14) / 2 - 10
     assert np.isnan(out.loc["s3", "diff"])  # the only "c" value is NaN
@@ -255,7 +255,7 @@ def test_adjusted_difference_recovers_a_known_effect():
     cov = np.array([0.0, 1.0, 2.0, 1.5, 2.5, 3.5])
     cls = np.array(["f", "f", "f", "c", "c", "c"])
     onset = 2 + 3 * cov + 5 * (cls == "c")  # exactly linear: the fit is exact, so is every resample
-    out = metrics.adjusted_difference(pd.DataFrame({"o": onset, "g": cls, "x": cov}), "o", "g", "x", a="f", b="c", n_boot=50)
+    out = stats.adjusted_difference(pd.DataFrame({"o": onset, "g": cls, "x": cov}), "o", "g", "x", a="f", b="c", n_boot=50, min_n=1)
     r = out.iloc[0]
     assert r["estimate"] == pytest.approx(5) and r["slope"] == pytest.approx(3)
     assert r["lo"] == pytest.approx(5) and r["hi"] == pytest.approx(5)
@@ -266,11 +266,11 @@ def test_adjusted_difference_recovers_a_known_effect():
     y = 4 * x + rng.normal(scale=0.1, size=100)
     df = pd.DataFrame({"o": y, "g": g, "x": x})
     raw = df.loc[df.g == "c", "o"].mean() - df.loc[df.g == "f", "o"].mean()
-    adj = metrics.adjusted_difference(df, "o", "g", "x", a="f", b="c", n_boot=200).iloc[0]
+    adj = stats.adjusted_difference(df, "o", "g", "x", a="f", b="c", n_boot=200).iloc[0]
     assert raw > 3
     assert abs(adj["estimate"]) < 0.1 and adj["lo"] < 0 < adj["hi"]
     # one group missing: no estimate, no crash
-    assert np.isnan(metrics.adjusted_difference(df[df.g == "f"], "o", "g", "x", a="f", b="c").iloc[0]["estimate"])
+    assert np.isnan(stats.adjusted_difference(df[df.g == "f"], "o", "g", "x", a="f", b="c").iloc[0]["estimate"])
 
 
 @pytest.mark.parametrize(
@@ -290,3 +290,53 @@ def test_layers_later_words_the_sign(diff: float, than: str | None, expected: st
 def test_layers_later_refuses_nan() -> None:
     with pytest.raises(ValueError, match="No layer difference"):
         metrics.layers_later(float("nan"))
+
+
+# --------------------------------------------------------------------------- the one bootstrap (depthkit.stats)
+
+
+def test_no_interval_below_the_minimum_number_of_units():
+    few = stats.bootstrap_ci(np.arange(stats.MIN_N - 1, dtype=float))
+    assert few.n == stats.MIN_N - 1 and np.isfinite(few.estimate) and np.isnan(few.lo) and np.isnan(few.hi)
+    enough = stats.bootstrap_ci(np.arange(stats.MIN_N, dtype=float))
+    assert enough.lo < enough.estimate < enough.hi
+
+
+def test_unit_mean_resamples_whole_units_not_rows():
+    # Two passages: one of 100 tokens all 1.0, one of 100 tokens all 0.0. Rows are
+    # not independent: with passages as the unit, a resample holds 0, 1 or 2 copies
+    # of each passage, so the interval spans most of [0, 1]; rows as units would
+    # give a narrow interval around 0.5.
+    rows = pd.DataFrame({"passage": np.repeat(np.arange(12), 50), "v": np.repeat(np.arange(12) % 2, 50).astype(float)})
+    out = stats.unit_mean(rows, "v", unit="passage", n_boot=2000, seed=0).iloc[0]
+    assert out["estimate"] == 0.5 and out["n"] == 12 and out["n_rows"] == 600
+    by_rows = stats.bootstrap_ci(rows["v"], n_boot=2000, seed=0)
+    assert (out["hi"] - out["lo"]) > 3 * (by_rows.hi - by_rows.lo)
+    # Written out: the same resampling of passage means (equal sizes) by hand.
+    means = rows.groupby("passage")["v"].mean().to_numpy()
+    rng = np.random.default_rng(0)
+    boot = means[rng.integers(0, 12, size=(2000, 12))].mean(1)
+    assert (out["lo"], out["hi"]) == pytest.approx(tuple(np.quantile(boot, [0.025, 0.975])))
+
+
+def test_stratified_difference_skips_thin_cells_and_weights_by_precision():
+    rng = np.random.default_rng(0)
+    df = pd.concat(
+        [
+            pd.DataFrame({"bin": "s1", "cls": ["f"] * 40 + ["c"] * 1, "onset": np.r_[np.zeros(40), 30.0]}),  # one content word
+            pd.DataFrame({"bin": "s2", "cls": ["f"] * 20 + ["c"] * 20, "onset": np.r_[rng.normal(0, 1, 20), rng.normal(2, 1, 20)]}),
+            pd.DataFrame({"bin": "s3", "cls": ["f"] * 10 + ["c"] * 40, "onset": np.r_[rng.normal(0, 1, 10), rng.normal(4, 1, 40)]}),
+        ]
+    )
+    out = stats.stratified_difference(df, "onset", "cls", "bin", a="f", b="c", n_boot=300).set_index("stratum")
+    assert not out.loc["s1", "used"] and np.isnan(out.loc["s1", "diff"])
+    w2, w3 = 20 * 20 / 40, 10 * 40 / 50
+    want = (w2 * out.loc["s2", "diff"] + w3 * out.loc["s3", "diff"]) / (w2 + w3)
+    pooled = out.loc["matched (weighted)"]
+    assert pooled["diff"] == pytest.approx(want) and pooled["n_a"] == 30 and pooled["n_b"] == 60
+    assert pooled["lo"] < pooled["diff"] < pooled["hi"]
+
+
+def test_first_layer_reaching():
+    assert stats.first_layer_reaching([0, 1, 2, 3], [0.1, 0.5, 0.4, 0.9], 0.5) == 1
+    assert np.isnan(stats.first_layer_reaching([0, 1], [0.1, 0.2], 0.5))

@@ -9,16 +9,9 @@ import pytest
 import torch
 
 from depthkit.lenses import LogitLens
-from depthkit.residual import (
-    bootstrap_layer,
-    knee,
-    passage_items,
-    settling_layer,
-    skip_block_effects,
-    split_estimator,
-    two_segment_fit,
-    update_stats,
-)
+from depthkit.residual import passage_items, skip_block_effects, split_estimator, update_stats
+from depthkit.stats import curve_estimate as bootstrap_layer
+from depthkit.stats import knee, settling_layer, two_segment_fit
 
 TEXTS = [
     "The cat sat on the mat, and the dog lay by the door.",
@@ -82,10 +75,10 @@ def test_bootstrap_interval_covers_break_and_collapses_without_noise():
         {"item": i, "layer": int(l), "v": float(hinge(l, 15) + rng.normal(0, 0.3))} for i in range(20) for l in x
     ]
     est = bootstrap_layer(pd.DataFrame(rows), "v", split_estimator(), n_boot=100, seed=0)
-    assert est.low <= 15 <= est.high and est.estimate == pytest.approx(15, abs=1)
+    assert est.lo <= 15 <= est.hi and est.estimate == pytest.approx(15, abs=1)
     same = pd.DataFrame([{"item": i, "layer": int(l), "v": float(hinge(l, 9))} for i in range(5) for l in x])
-    est = bootstrap_layer(same, "v", split_estimator(), n_boot=20)
-    assert (est.estimate, est.low, est.high) == (9, 9, 9)
+    est = bootstrap_layer(same, "v", split_estimator(), n_boot=20, min_n=1)
+    assert (est.estimate, est.lo, est.hi) == (9, 9, 9)
 
 
 def test_passage_items(tiny_llama):
@@ -174,8 +167,8 @@ def test_phase_change_ignores_edge_blocks_and_fits_log_rate():
         curve = np.exp(hinge(blocks, 11, a=-1.0, b=-0.02, c=0.2))
         curve[0], curve[-1] = 50.0, 40.0  # embedding block and last block: outliers the fit must not see
         rows += [{"item": i, "block": int(b), "block_rel": float(v)} for b, v in zip(blocks, curve)]
-    est = phase_change(pd.DataFrame(rows), "block_rel", n_boot=10)
-    assert (est.estimate, est.low, est.high) == (11, 11, 11)
+    est = phase_change(pd.DataFrame(rows), "block_rel", n_boot=10, min_n=1)
+    assert (est.estimate, est.lo, est.hi) == (11, 11, 11)
 
 
 def test_sample_passages():

@@ -3,6 +3,18 @@ takes (one spec, used by the notebook, the command line and Python alike), and t
 small parameter set of smoke runs. The defaults themselves live in each notebook's
 parameters cell, where a reader of the notebook sees them.
 
+Each chapter NN also has a module ``depthkit.chapters.chNN_<name>`` holding what
+its notebook would otherwise compute inline: the summary prose (generated from the
+numbers, through :mod:`depthkit.narrate`), its headline quantities and the paper's
+reference rows. Chapter 07 reads every chapter's headlines through
+:func:`headlines`, never by table schema. A chapter module defines:
+
+* ``headlines(run: depthkit.results.Run) -> pd.DataFrame`` with
+  :data:`HEADLINE_COLUMNS` (``scale`` is "layer" for a layer index, to be divided by
+  the model's L for comparisons across models, or "share" / "other");
+* ``PAPER``: a DataFrame of the paper's reference values with
+  :data:`PAPER_COLUMNS` (layers already divided by the paper model's depth).
+
 A notebook validates its parameters in one line, right after its parameters cell::
 
     p = dk.check_chapter_params("01", globals())
@@ -15,6 +27,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import importlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -23,7 +36,7 @@ from typing import Any
 
 from depthkit.params import Param, ParameterError, check_params, rerun_hint
 
-NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 
 # Kept here rather than imported from the analysis modules, so that checking a
 # command line does not import torch; tests hold the two lists equal.
@@ -231,6 +244,56 @@ CHAPTERS: dict[str, Chapter] = {
         ),
     ]
 }
+
+
+HEADLINE_COLUMNS = ["quantity", "value", "lo", "hi", "n", "scale"]
+PAPER_COLUMNS = ["quantity", "model", "value", "lo", "hi"]
+
+
+def chapter_module(ch: Chapter):
+    """``depthkit.chapters.chNN_<name>`` of a chapter (imported on first use: checking
+    parameters never needs it)."""
+    return importlib.import_module(f"depthkit.chapters.ch{ch.slug}")
+
+
+def headlines(model: str, key: str, results_root: str | Path | None = None) -> Any:
+    """The headline quantities of one chapter's saved run of ``model``:
+    :data:`HEADLINE_COLUMNS` plus ``model``, ``chapter``, ``n_blocks`` and
+    ``value_norm``/``lo_norm``/``hi_norm`` (layers divided by the model's L, other
+    quantities as they are). Raises depthkit.results.ResultsError when the run is
+    missing or incomplete."""
+    import numpy as np
+
+    from depthkit.results import load_run
+
+    ch = chapter(key)
+    run = load_run(model, ch.slug, root=results_root)
+    out = chapter_module(ch).headlines(run)
+    missing = [c for c in HEADLINE_COLUMNS if c not in out.columns]
+    if missing:
+        raise ValueError(f"Chapter {ch.id}'s headlines lack columns {missing}.")
+    n_blocks = int(run.model["n_blocks"])
+    scale = np.where(out["scale"] == "layer", 1.0 / n_blocks, 1.0)
+    return out[HEADLINE_COLUMNS].assign(
+        model=model, chapter=ch.id, n_blocks=n_blocks,
+        value_norm=out["value"] * scale, lo_norm=out["lo"] * scale, hi_norm=out["hi"] * scale,
+    )
+
+
+def paper_reference() -> Any:
+    """The paper's reference values of every chapter that has some (layers as ℓ/L)."""
+    import pandas as pd
+
+    frames = []
+    for ch in CHAPTERS.values():
+        try:
+            module = chapter_module(ch)
+        except ModuleNotFoundError:
+            continue
+        paper = getattr(module, "PAPER", None)
+        if paper is not None and len(paper):
+            frames.append(paper[PAPER_COLUMNS].assign(chapter=ch.id))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=[*PAPER_COLUMNS, "chapter"])
 
 
 def chapter(key: str) -> Chapter:

@@ -1,0 +1,84 @@
+"""Words for numbers: the one way every chapter writes an estimate with its
+interval, and the rules that keep generated prose from claiming more than the
+numbers show.
+
+* An interval is written "(95 % CI lo–hi)"; where :mod:`depthkit.stats` gave none
+  (too few units), the text says it cannot be measured here.
+* A difference is stated as a finding only when its interval excludes zero;
+  otherwise it is "no clear difference".
+"""
+
+from __future__ import annotations
+
+import math
+
+from depthkit.stats import LEVEL, MIN_N
+
+CI_LABEL = f"{LEVEL:.0%} CI".replace("%", " %")
+NO_INTERVAL = f"interval cannot be measured here: fewer than {MIN_N} units"
+
+
+def _finite(*xs: float | None) -> bool:
+    return all(x is not None and math.isfinite(float(x)) for x in xs)
+
+
+def estimate(value: float, lo: float = math.nan, hi: float = math.nan, *, digits: int = 1, unit: str = "") -> str:
+    """``"12.3 (95 % CI 10.1–14.0)"``; ``"12.3 (interval cannot be measured here …)"``
+    without an interval; ``"—"`` without an estimate. ``unit`` follows each number."""
+    if not _finite(value):
+        return "—"
+    u = f" {unit}" if unit and not unit.startswith("%") else unit
+    shown = f"{value:.{digits}f}{u}"
+    if not _finite(lo, hi):
+        return f"{shown} ({NO_INTERVAL})"
+    return f"{shown} ({CI_LABEL} {lo:.{digits}f}–{hi:.{digits}f}{u})"
+
+
+def share(value: float, lo: float = math.nan, hi: float = math.nan, *, digits: int = 1) -> str:
+    """A proportion in per cent with its interval: ``"86.0 % (95 % CI 82.5–89.5 %)"``."""
+    scale = [x * 100 if _finite(x) else math.nan for x in (value, lo, hi)]
+    return estimate(*scale, digits=digits, unit=" %")
+
+
+def layer(value: float, lo: float = math.nan, hi: float = math.nan, *, n_blocks: int | None = None) -> str:
+    """A layer on the model's grid (whole layers; prose no finer than the grid):
+    ``"layer 12 of 30 (95 % CI 10–14)"``."""
+    if not _finite(value):
+        return "—"
+    of = f" of {n_blocks}" if n_blocks else ""
+    text = estimate(round(value), *(round(x) if _finite(x) else math.nan for x in (lo, hi)), digits=0)
+    head, _, rest = text.partition(" ")
+    return f"layer {head}{of} {rest}".rstrip()
+
+
+def excludes_zero(lo: float, hi: float) -> bool:
+    """True when an interval exists and lies entirely on one side of zero."""
+    return _finite(lo, hi) and (lo > 0 or hi < 0)
+
+
+def difference(
+    diff: float,
+    lo: float,
+    hi: float,
+    *,
+    more: str,
+    less: str,
+    than: str,
+    subject: str,
+    digits: int = 1,
+    unit: str = "layers",
+) -> str:
+    """A sentence about ``subject`` minus ``than`` that states a direction only when
+    the interval excludes zero. ``more``/``less``: the words for a positive/negative
+    difference ("later"/"earlier"). E.g. ``"content words are 5.4 layers later than
+    function words (95 % CI 4.5–6.3)"`` or ``"no clear difference between content
+    words and function words (-1.2 layers, 95 % CI -3.0–0.6)"``."""
+    if not _finite(diff):
+        return f"the difference between {subject} and {than} cannot be measured here"
+    if not _finite(lo, hi):
+        return f"{subject} differ from {than} by {diff:+.{digits}f} {unit} ({NO_INTERVAL}); no finding is drawn from it"
+    ci = f"{CI_LABEL} {lo:+.{digits}f} to {hi:+.{digits}f}"
+    if not excludes_zero(lo, hi):
+        return f"no clear difference between {subject} and {than} ({diff:+.{digits}f} {unit}, {ci})"
+    word = more if diff > 0 else less
+    return f"{subject} are {abs(diff):.{digits}f} {unit} {word} than {than} ({ci})"

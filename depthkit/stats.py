@@ -1,0 +1,464 @@
+"""Statistics for every chapter: one bootstrap, one interval convention.
+
+Convention: a 95 % percentile bootstrap interval, columns ``lo`` and ``hi``,
+resampling the independent unit the caller names (a prompt, a passage, a patching
+pair), never a finer one (tokens of the same passage are not independent). No
+interval is given from fewer than :data:`MIN_N` units: ``lo``/``hi`` are NaN then,
+and prose says "cannot be measured here" (see :mod:`depthkit.narrate`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import pandas as pd
+
+LEVEL = 0.95
+# Fewest independent units an interval is computed from.
+MIN_N = 10
+
+Stat = Callable[..., float]
+
+
+class CI(NamedTuple):
+    """A statistic with its bootstrap interval over ``n`` units (``lo``/``hi`` NaN
+    when ``n`` < the minimum)."""
+
+    estimate: float
+    lo: float
+    hi: float
+    n: int
+
+
+def _require(df: pd.DataFrame, columns: Sequence[str], what: str) -> None:
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise KeyError(f"{what} lacks column(s) {missing}; it has {list(df.columns)}.")
+
+
+def _check(level: float, n_boot: int) -> None:
+    if not 0 < level < 1:
+        raise ValueError(f"level must lie strictly between 0 and 1 (e.g. 0.95), got {level}.")
+    if int(n_boot) != n_boot or n_boot < 1:
+        raise ValueError(f"n_boot must be a positive integer, got {n_boot!r}.")
+
+
+def _interval(boots: np.ndarray, level: float) -> tuple[float, float]:
+    alpha = (1 - level) / 2
+    lo, hi = np.nanquantile(boots, [alpha, 1 - alpha], axis=0)
+    return float(lo), float(hi)
+
+
+def _boot_stats(values: np.ndarray, stat: Stat, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    idx = rng.integers(0, len(values), size=(n_boot, len(values)))
+    samples = values[idx]
+    try:
+        # numpy reductions take axis=; one vectorised call instead of n_boot calls.
+        out = np.asarray(stat(samples, axis=1), dtype=float)
+        if out.shape == (n_boot,):
+            return out
+    except TypeError:
+        pass
+    return np.array([stat(s) for s in samples], dtype=float)
+
+
+def bootstrap_ci(
+    values: Sequence[float] | np.ndarray | pd.Series,
+    stat: Stat = np.mean,
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = LEVEL,
+    *,
+    dropna: bool = True,
+    min_n: int = MIN_N,
+) -> CI:
+    """``stat(values)`` with its percentile bootstrap interval, each value being one
+    independent unit (resampled with replacement ``n_boot`` times, generator seeded
+    with ``seed``). NaN values are dropped first unless ``dropna=False`` (then they
+    raise). Fewer than ``min_n`` values: the estimate only, ``lo``/``hi`` NaN."""
+    _check(level, n_boot)
+    v = np.asarray(values, dtype=float).ravel()
+    if np.isnan(v).any():
+        if not dropna:
+            raise ValueError("values contain NaN; drop them or pass dropna=True.")
+        v = v[~np.isnan(v)]
+    if len(v) == 0:
+        return CI(np.nan, np.nan, np.nan, 0)
+    est = float(stat(v))
+    if len(v) < min_n:
+        return CI(est, np.nan, np.nan, len(v))
+    lo, hi = _interval(_boot_stats(v, stat, int(n_boot), np.random.default_rng(seed)), level)
+    return CI(est, lo, hi, len(v))
+
+
+def bootstrap_ci_by(
+    df: pd.DataFrame,
+    value: str,
+    by: str | Sequence[str],
+    stat: Stat = np.mean,
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = LEVEL,
+    *,
+    min_n: int = MIN_N,
+) -> pd.DataFrame:
+    """:func:`bootstrap_ci` of column ``value`` within each group of ``by``, one row
+    one unit (groups resampled independently). Returns ``[*by, estimate, lo, hi, n]``."""
+    by = [by] if isinstance(by, str) else list(by)
+    _require(df, [*by, value], "The frame")
+    rows = []
+    for key, g in df.groupby(by, sort=True, observed=True):
+        key = key if isinstance(key, tuple) else (key,)
+        ci = bootstrap_ci(g[value].to_numpy(), stat=stat, n_boot=n_boot, seed=seed, level=level, min_n=min_n)
+        rows.append({**dict(zip(by, key)), **ci._asdict()})
+    return pd.DataFrame(rows, columns=[*by, "estimate", "lo", "hi", "n"])
+
+
+def unit_mean(
+    df: pd.DataFrame,
+    value: str,
+    unit: str,
+    by: str | Sequence[str] = (),
+    *,
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = LEVEL,
+    min_n: int = MIN_N,
+) -> pd.DataFrame:
+    """Mean of ``value`` over rows (e.g. tokens), with the interval from resampling
+    whole ``unit``s (e.g. passages): the rows of one unit go in or out together.
+    Returns ``[*by, estimate, lo, hi, n, n_rows]`` where ``n`` counts units."""
+    by = [by] if isinstance(by, str) else list(by)
+    _check(level, n_boot)
+    _require(df, [*by, value, unit], "The frame")
+    d = df.dropna(subset=[value])
+    rows = []
+    groups = d.groupby(by, sort=True, observed=True) if by else [((), d)]
+    for key, g in groups:
+        key = key if isinstance(key, tuple) else (key,)
+        per = g.groupby(unit, sort=True, observed=True)[value].agg(["sum", "count"])
+        sums, counts = per["sum"].to_numpy(dtype=float), per["count"].to_numpy(dtype=float)
+        n = len(per)
+        est = float(sums.sum() / counts.sum()) if n else np.nan
+        lo = hi = np.nan
+        if n >= min_n:
+            idx = np.random.default_rng(seed).integers(0, n, size=(int(n_boot), n))
+            lo, hi = _interval(sums[idx].sum(1) / counts[idx].sum(1), level)
+        rows.append({**dict(zip(by, key)), "estimate": est, "lo": lo, "hi": hi, "n": n, "n_rows": len(g)})
+    return pd.DataFrame(rows, columns=[*by, "estimate", "lo", "hi", "n", "n_rows"])
+
+
+# ---------------------------------------------------------------------------
+# Differences between two groups
+
+
+def stratified_difference(
+    df: pd.DataFrame,
+    value: str,
+    group: str,
+    strata: str,
+    a: str,
+    b: str,
+    *,
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = LEVEL,
+    min_per_cell: int = 5,
+    min_n: int = MIN_N,
+) -> pd.DataFrame:
+    """Mean of ``value`` for group ``b`` minus group ``a`` within each stratum (e.g.
+    content minus function words within a frequency bin), and their weighted average
+    over the strata where each group has at least ``min_per_cell`` rows (a stratum
+    with one example of a group has no variance to speak of). Weights are
+    n_a·n_b/(n_a + n_b), the precision of a difference of two means, so a stratum
+    dominated by one group does not dominate the average.
+
+    Rows with NaN values are dropped; one row is one unit. The bootstrap resamples
+    rows within each (stratum, group) cell, so the pooled interval respects the
+    matching. Returns ``[stratum, n_a, n_b, mean_a, mean_b, used, diff, lo, hi]``
+    with a last row ``stratum = "matched (weighted)"`` (no interval when the used
+    strata hold fewer than ``min_n`` rows of either group).
+    """
+    _require(df, [value, group, strata], "The frame")
+    _check(level, n_boot)
+    d = df.dropna(subset=[value])
+    rng = np.random.default_rng(seed)
+    rows, boot_rows, weights = [], [], []
+    for s, g in d.groupby(strata, sort=True, observed=True):
+        va = g.loc[g[group] == a, value].to_numpy(dtype=float)
+        vb = g.loc[g[group] == b, value].to_numpy(dtype=float)
+        row = {
+            "stratum": str(s),
+            "n_a": len(va),
+            "n_b": len(vb),
+            "mean_a": va.mean() if len(va) else np.nan,
+            "mean_b": vb.mean() if len(vb) else np.nan,
+            "used": len(va) >= min_per_cell and len(vb) >= min_per_cell,
+            "diff": np.nan,
+            "lo": np.nan,
+            "hi": np.nan,
+        }
+        if row["used"]:
+            boot = _boot_stats(vb, np.mean, n_boot, rng) - _boot_stats(va, np.mean, n_boot, rng)
+            row["diff"] = row["mean_b"] - row["mean_a"]
+            row["lo"], row["hi"] = _interval(boot, level)
+            boot_rows.append(boot)
+            weights.append(len(va) * len(vb) / (len(va) + len(vb)))
+        rows.append(row)
+    out = pd.DataFrame(rows, columns=["stratum", "n_a", "n_b", "mean_a", "mean_b", "used", "diff", "lo", "hi"])
+    used = out[out["used"].astype(bool)] if len(out) else out
+    pooled = {
+        "stratum": "matched (weighted)",
+        "n_a": int(used["n_a"].sum()),
+        "n_b": int(used["n_b"].sum()),
+        "mean_a": np.nan,
+        "mean_b": np.nan,
+        "used": bool(weights),
+        "diff": np.nan,
+        "lo": np.nan,
+        "hi": np.nan,
+    }
+    if weights:
+        w = np.asarray(weights, dtype=float) / sum(weights)
+        pooled["diff"] = float(np.dot(w, used["diff"].to_numpy(dtype=float)))
+        if min(pooled["n_a"], pooled["n_b"]) >= min_n:
+            pooled["lo"], pooled["hi"] = _interval(np.stack(boot_rows).T @ w, level)
+    return pd.concat([out, pd.DataFrame([pooled])], ignore_index=True)
+
+
+def adjusted_difference(
+    df: pd.DataFrame,
+    value: str,
+    group: str,
+    covariate: str,
+    a: str,
+    b: str,
+    *,
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = LEVEL,
+    min_n: int = MIN_N,
+) -> pd.DataFrame:
+    """Difference of ``value`` between groups ``b`` and ``a`` adjusted linearly for
+    ``covariate``: the coefficient of the indicator ``group == b`` in the least-squares
+    fit ``value ~ 1 + covariate + [group == b]`` over the rows of both groups.
+
+    Complements :func:`stratified_difference` when the groups barely overlap in the
+    covariate (it then extrapolates along the fitted line instead of matching). Rows
+    with NaN are dropped; one row is one unit, resampled within its group. Returns one
+    row ``[estimate, lo, hi, slope, n_a, n_b]`` (no interval below ``min_n`` rows a group).
+    """
+    _require(df, [value, group, covariate], "The frame")
+    _check(level, n_boot)
+    d = df[df[group].isin([a, b])].dropna(subset=[value, covariate])
+    ya = d.loc[d[group] == a, [value, covariate]].to_numpy(dtype=float)
+    yb = d.loc[d[group] == b, [value, covariate]].to_numpy(dtype=float)
+    empty = {"estimate": np.nan, "lo": np.nan, "hi": np.nan, "slope": np.nan, "n_a": len(ya), "n_b": len(yb)}
+    if len(ya) < 1 or len(yb) < 1 or len(ya) + len(yb) < 4:
+        return pd.DataFrame([empty])
+
+    def fit(ra: np.ndarray, rb: np.ndarray) -> np.ndarray:
+        rows = np.concatenate([ra, rb])
+        x = np.column_stack([np.ones(len(rows)), rows[:, 1], np.r_[np.zeros(len(ra)), np.ones(len(rb))]])
+        return np.linalg.lstsq(x, rows[:, 0], rcond=None)[0]
+
+    coef = fit(ya, yb)
+    lo = hi = np.nan
+    if min(len(ya), len(yb)) >= min_n:
+        rng = np.random.default_rng(seed)
+        boots = np.array(
+            [fit(ya[rng.integers(0, len(ya), len(ya))], yb[rng.integers(0, len(yb), len(yb))])[2] for _ in range(int(n_boot))]
+        )
+        lo, hi = _interval(boots, level)
+    return pd.DataFrame([{**empty, "estimate": float(coef[2]), "lo": lo, "hi": hi, "slope": float(coef[1])}])
+
+
+# ---------------------------------------------------------------------------
+# Curves over layers: one curve per unit (item), resampled as wholes
+
+
+def unit_curves(per_item: pd.DataFrame, value: str, by: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, curves)``: the sorted values of ``by`` (layers or blocks) and the
+    [item, x] array of ``value`` (NaN where an item lacks a layer)."""
+    _require(per_item, ["item", by, value], "The frame")
+    x = np.sort(per_item[by].unique())
+    wide = per_item.pivot_table(index="item", columns=by, values=value, aggfunc="mean")
+    if wide.empty:
+        raise ValueError("No rows to build curves from.")
+    return x, wide.reindex(columns=x).to_numpy(dtype=float)
+
+
+def layer_means(
+    per_item: pd.DataFrame,
+    value: str,
+    *,
+    by: str = "block",
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = LEVEL,
+    min_n: int = MIN_N,
+) -> pd.DataFrame:
+    """Mean of ``value`` per ``by`` (layer or block) over items, with the interval
+    from resampling items: columns ``[by, mean, lo, hi, n]``."""
+    _check(level, n_boot)
+    x, curves = unit_curves(per_item, value, by)
+    n = curves.shape[0]
+    lo = hi = np.full(len(x), np.nan)
+    if n >= min_n:
+        rng = np.random.default_rng(seed)
+        boots = np.stack([np.nanmean(curves[rng.integers(0, n, n)], axis=0) for _ in range(int(n_boot))])
+        alpha = (1 - level) / 2
+        lo, hi = np.nanquantile(boots, alpha, axis=0), np.nanquantile(boots, 1 - alpha, axis=0)
+    return pd.DataFrame({by: x, "mean": np.nanmean(curves, axis=0), "lo": lo, "hi": hi, "n": n})
+
+
+@dataclass(frozen=True)
+class LayerEstimate:
+    """A layer read off the mean curve over items, with its interval over items."""
+
+    name: str
+    estimate: float
+    lo: float
+    hi: float
+    n: int
+    n_boot: int
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def curve_estimate(
+    per_item: pd.DataFrame,
+    value: str,
+    estimator: Callable[[np.ndarray, np.ndarray], float],
+    *,
+    by: str = "layer",
+    name: str | None = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = LEVEL,
+    min_n: int = MIN_N,
+) -> LayerEstimate:
+    """``estimator(x, mean_curve)`` on the mean curve of ``value`` over items, with
+    the interval of the same estimator on the mean curves of resampled items."""
+    _check(level, n_boot)
+    x, curves = unit_curves(per_item, value, by)
+    x = x.astype(float)
+    point = estimator(x, np.nanmean(curves, axis=0))
+    n = curves.shape[0]
+    lo = hi = np.nan
+    if n >= min_n:
+        rng = np.random.default_rng(seed)
+        samples = np.array([estimator(x, np.nanmean(curves[rng.integers(0, n, n)], axis=0)) for _ in range(int(n_boot))])
+        lo, hi = _interval(samples, level)
+    return LayerEstimate(name or value, float(point), lo, hi, n, int(n_boot))
+
+
+@dataclass(frozen=True)
+class SegmentFit:
+    """Best two-segment least-squares fit of ``y`` against ``x``.
+
+    ``split`` is the layer where the regime changes: the knot of the continuous
+    (hinge) fit, or the first x of the second segment of the broken fit.
+    """
+
+    split: float
+    sse: float
+    slope_left: float
+    slope_right: float
+    fitted: np.ndarray
+    kind: str
+
+
+def two_segment_fit(x: Sequence[float], y: Sequence[float], *, kind: str = "hinge", min_points: int = 2) -> SegmentFit:
+    """Fit two straight segments to a curve and return the best split.
+
+    ``kind="hinge"``: a continuous piecewise-linear fit ``y = a + b·x + c·max(x - k, 0)``
+    with the knot ``k`` tried at every x that leaves ``min_points`` points on each
+    side (knot included on both). ``kind="broken"``: two independent lines on
+    ``x < k`` and ``x ≥ k`` (allows a jump). Ties between splits go to the earliest.
+    """
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"x and y must be 1-d and of equal length, got shapes {x.shape} and {y.shape}.")
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    order = np.argsort(x, kind="stable")
+    x, y = x[order], y[order]
+    if kind not in ("hinge", "broken"):
+        raise ValueError(f"kind must be 'hinge' or 'broken', got {kind!r}.")
+    if len(x) < 2 * min_points + (0 if kind == "broken" else -1):
+        raise ValueError(f"A two-segment fit needs at least {2 * min_points} finite points, got {len(x)}.")
+    best: SegmentFit | None = None
+    for j in range(len(x)):
+        k = x[j]
+        if kind == "hinge":
+            if j + 1 < min_points or len(x) - j < min_points:
+                continue
+            design = np.stack([np.ones_like(x), x, np.maximum(x - k, 0.0)], 1)
+            coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+            fitted = design @ coef
+            slopes = (coef[1], coef[1] + coef[2])
+        else:
+            if j < min_points or len(x) - j < min_points:
+                continue
+            fitted = np.empty_like(y)
+            slopes = []
+            for sl in (slice(0, j), slice(j, None)):
+                design = np.stack([np.ones_like(x[sl]), x[sl]], 1)
+                coef, *_ = np.linalg.lstsq(design, y[sl], rcond=None)
+                fitted[sl] = design @ coef
+                slopes.append(coef[1])
+        sse = float(((y - fitted) ** 2).sum())
+        if best is None or sse < best.sse - 1e-12 * max(1.0, abs(best.sse)):
+            best = SegmentFit(float(k), sse, float(slopes[0]), float(slopes[1]), fitted, kind)
+    if best is None:
+        raise ValueError(f"No split leaves {min_points} points on each side of {len(x)} points.")
+    return best
+
+
+def knee(x: Sequence[float], y: Sequence[float]) -> float:
+    """The x of largest distance between the curve and the chord joining its first
+    and last points, both axes min-max normalised (the Kneedle criterion of
+    Satopää et al. 2011, without smoothing)."""
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    if len(x) < 3:
+        raise ValueError(f"A knee needs at least 3 finite points, got {len(x)}.")
+    order = np.argsort(x, kind="stable")
+    x, y = x[order], y[order]
+    xn = (x - x[0]) / (x[-1] - x[0])
+    span = y.max() - y.min()
+    yn = (y - y.min()) / span if span > 0 else np.zeros_like(y)
+    chord = yn[0] + (yn[-1] - yn[0]) * xn
+    return float(x[int(np.argmax(np.abs(yn - chord)))])
+
+
+def settling_layer(x: Sequence[float], y: Sequence[float], *, tol: float = 0.05) -> float:
+    """Earliest x from which ``y`` stays within ``tol`` (absolute) of its last value
+    for good (e.g. where a share reaches its final level)."""
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    if len(x) == 0 or x.shape != y.shape:
+        raise ValueError("settling_layer needs non-empty x and y of equal length.")
+    order = np.argsort(x, kind="stable")
+    x, y = x[order], y[order]
+    outside = np.abs(y - y[-1]) > tol
+    if not outside.any():
+        return float(x[0])
+    return float(x[int(np.nonzero(outside)[0].max()) + 1])
+
+
+def first_layer_reaching(x: Sequence[float], y: Sequence[float], level: float) -> float:
+    """Earliest x where ``y`` is at least ``level`` (NaN if it never is)."""
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    order = np.argsort(x, kind="stable")
+    hit = np.nonzero(y[order] >= level)[0]
+    return float(x[order][hit[0]]) if len(hit) else float("nan")

@@ -1,0 +1,34 @@
+"""Generated prose: one interval format, no interval from too few units, and no
+difference stated as a finding when its interval includes zero."""
+
+from __future__ import annotations
+
+import math
+
+from depthkit import narrate
+from depthkit.stats import MIN_N
+
+LATER = dict(more="later", less="earlier", than="function words", subject="content words")
+
+
+def test_estimate_share_and_layer_formats():
+    assert narrate.estimate(12.34, 10.1, 14.0) == "12.3 (95 % CI 10.1–14.0)"
+    assert narrate.share(0.86, 0.825, 0.895) == "86.0 % (95 % CI 82.5–89.5 %)"
+    assert narrate.layer(12.4, 10, 14.2, n_blocks=30) == "layer 12 of 30 (95 % CI 10–14)"
+    assert narrate.estimate(math.nan) == "—"
+
+
+def test_no_interval_says_so_and_names_the_minimum():
+    text = narrate.estimate(3.0)
+    assert text.startswith("3.0 (interval cannot be measured here") and str(MIN_N) in text
+    assert "cannot be measured here" in narrate.layer(3)
+
+
+def test_a_difference_is_a_finding_only_when_its_interval_excludes_zero():
+    assert narrate.difference(5.4, 4.5, 6.3, **LATER) == "content words are 5.4 layers later than function words (95 % CI +4.5 to +6.3)"
+    assert narrate.difference(-5.4, -6.3, -4.5, **LATER).startswith("content words are 5.4 layers earlier than")
+    unclear = narrate.difference(2.1, -1.2, 5.8, **LATER)
+    assert unclear.startswith("no clear difference") and "later" not in unclear and "earlier" not in unclear
+    assert "no finding" in narrate.difference(-1.2, math.nan, math.nan, **LATER)
+    assert "cannot be measured" in narrate.difference(math.nan, math.nan, math.nan, **LATER)
+    assert not narrate.excludes_zero(0.0, 1.0) and narrate.excludes_zero(0.1, 1.0)
