@@ -711,30 +711,33 @@ def exit_frontier_chart(sweep: Any, *, target: float = 0.99, title: str = "Early
     return alt.layer(lines, oracles, rule).add_params(pick).properties(width=560, height=320, title=title)
 
 
-def across_models_chart(table: Any, *, title: str = "Headline quantities on normalised depth ℓ/L") -> alt.Chart:
-    """One row per quantity, one point per model (``table``: DataFrame[quantity,
-    model, value, lo, hi, source]); paper reference rows are drawn as hollow
-    squares."""
+def across_models_chart(table: Any, *, title: str = "Headline quantities on normalised depth ℓ/L") -> alt.LayerChart:
+    """One row per quantity, models as colours side by side within the row, the
+    interval as a bar, and the paper's reference values as hollow grey squares
+    (``table``: DataFrame[quantity, model, value, lo, hi, source]). Click a legend
+    entry to highlight one model."""
     data = _plain(table)
+    ours = data[data["source"] != "paper (reference)"]
+    paper = data[data["source"] == "paper (reference)"]
+    order = list(dict.fromkeys([*ours["quantity"], *paper["quantity"]]))
+    y = alt.Y("quantity:N", title=None, sort=order, axis=alt.Axis(labelLimit=240))
     pick = alt.selection_point(fields=["model"], bind="legend")
-    base = alt.Chart(data).encode(
-        y=alt.Y("model:N", title=None),
-        color=alt.Color("model:N"),
-        opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
-    )
     tips = ["quantity:N", "model:N", "source:N", alt.Tooltip("value:Q", format=".3f"), alt.Tooltip("lo:Q", format=".3f"), alt.Tooltip("hi:Q", format=".3f")]
+    scale = alt.Scale(domain=[0, 1])
+    models = alt.Chart(ours).encode(
+        y=y,
+        yOffset=alt.YOffset("model:N"),
+        color=alt.Color("model:N", legend=alt.Legend(orient="bottom", columns=2, title=None)),
+        opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
+        tooltip=tips,
+    )
+    reference = alt.Chart(paper).encode(y=y, tooltip=tips)
     return (
         alt.layer(
-            base.mark_rule(size=2).encode(x=alt.X("lo:Q", title="value", scale=alt.Scale(domain=[0, 1])), x2="hi:Q"),
-            base.mark_point(size=90).encode(
-                x="value:Q",
-                shape=alt.Shape("source:N", scale=alt.Scale(domain=["this project", "paper (reference)"], range=["circle", "square"])),
-                fill=alt.condition("datum.source == 'paper (reference)'", alt.value("transparent"), alt.Color("model:N")),
-                tooltip=tips,
-            ),
+            models.mark_rule(size=3).encode(x=alt.X("lo:Q", title="ℓ/L", scale=scale), x2="hi:Q"),
+            models.mark_point(size=60, filled=True).encode(x=alt.X("value:Q", scale=scale)).add_params(pick),
+            reference.mark_rule(size=2, color="#999999", strokeDash=[3, 2]).encode(x=alt.X("lo:Q", scale=scale), x2="hi:Q"),
+            reference.mark_point(shape="square", size=90, color="#666666", filled=False).encode(x=alt.X("value:Q", scale=scale)),
         )
-        .properties(width=420, height=alt.Step(16))
-        .facet(row=alt.Row("quantity:N", title=None, header=alt.Header(labelAngle=0, labelAlign="left")))
-        .add_params(pick)
-        .properties(title=title)
+        .properties(width=300, height=alt.Step(**{"step": 9, "for": "offset"}), title=title)
     )
