@@ -67,3 +67,52 @@ def test_smollm2_loads_offline_and_continues_capital_of_france(smollm2):
     with torch.no_grad():
         top = smollm2(ids)[0, -1].argmax().item()
     assert tokenizer_of(smollm2).decode([top]) == " Paris"
+
+
+# --------------------------------------------------------------------------- precision and placement
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_tiny_model_in_half_precision_on_cpu(dtype):
+    import torch
+
+    import depthkit as dk
+    from depthkit.lenses import LogitLens
+
+    m = dk.load_model("tiny-llama", dtype=dtype, device="cpu")
+    assert {p.dtype for p in m.parameters()} == {getattr(torch, dtype)}
+    traj = dk.trajectories(m, ["The capital of France is", "The cat sat on"], progress=False)
+    assert traj.steps["kl_to_final"].notna().all()
+    # The final layer's lens readout is the model's own logits, in the model's precision.
+    tokens = m.to_tokens("The cat sat on")
+    logits, cache = m.run_with_cache(tokens)
+    final = cache[f"blocks.{m.cfg.n_layers - 1}.hook_resid_post"][0, -1].float()
+    lens_logits = LogitLens(m).readout(final)
+    assert lens_logits.dtype == torch.float32
+    assert torch.allclose(lens_logits, logits[0, -1].float(), atol=0.05, rtol=0.02)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        (dict(dtype="float64"), "choose one of float32, bfloat16, float16"),
+        (dict(device="cuda:7"), "not available"),
+        (dict(device="gpu"), "not a device name"),
+        (dict(device_map="auto"), "is for hub models"),
+    ],
+)
+def test_bad_precision_or_placement_is_refused_clearly(kwargs, words):
+    import depthkit as dk
+
+    with pytest.raises(dk.ModelLoadError, match=words):
+        dk.load_model("tiny-llama", **kwargs)
+
+
+def test_chapter_parameters_reach_load_model(tmp_path):
+    import depthkit as dk
+    from depthkit.book import chapter_params
+    from depthkit.chapters import chapter
+
+    p = chapter_params(chapter("01"), "tiny-gpt2", tmp_path, extra={"dtype": "float16", "device": "cpu"})
+    m = dk.load_model(p["model"], **dk.model_options(p))
+    assert next(m.parameters()).dtype.is_floating_point and str(next(m.parameters()).dtype) == "torch.float16"

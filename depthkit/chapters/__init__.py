@@ -348,7 +348,7 @@ def check_chapter_params(chapter_id: str, namespace: Mapping[str, Any]) -> dict[
 def model_options(p: Mapping[str, Any]) -> dict[str, Any]:
     """The checked chapter parameters that :func:`depthkit.load_model` takes besides
     the name: ``dk.load_model(p["model"], **dk.model_options(p))``."""
-    return {k: p[k] for k in MODEL_PARAMS if k != "model"}
+    return {"dtype": p.get("dtype") or "float32", "device": p.get("device"), "device_map": p.get("device_map")}
 
 
 def validate_run(ch: Chapter, overrides: Mapping[str, Any]) -> dict[str, Any]:
