@@ -1,0 +1,149 @@
+"""Chapter 03 (multi-token fact recall): the chapter's tables beyond
+:mod:`depthkit.facts`, its generated prose, its headline quantities and the paper's
+reference rows."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from depthkit import facts, metrics, narrate, stats
+from depthkit.chapters import HEADLINE_COLUMNS, PAPER_COLUMNS
+
+# Pythia-6.9B (32 blocks): rank-1 onset of answer tokens 1, 2, 3 (the paper's figure).
+PAPER_ONSETS = {1: 27.0, 2: 20.0, 3: 12.0}
+PAPER_BLOCKS = 32
+PAPER = pd.DataFrame(
+    [(f"fact recall rank-1 onset, answer token {t}", "Pythia-6.9B", v / PAPER_BLOCKS, math.nan, math.nan) for t, v in PAPER_ONSETS.items()],
+    columns=PAPER_COLUMNS,
+)
+
+
+def model_note(info: Any, lens_name: str, convention: str) -> str:
+    quant = "" if not info.is_quantised else (
+        f" Its weights are **{info.quantisation}**: a small quantised model, not Pythia-6.9B, "
+        "so its numbers are not the paper's numbers."
+    )
+    return (f"Model **{info.name}** ({info.n_blocks} blocks, vocabulary {info.d_vocab:,}), read through the **{lens_name} lens** "
+            f"({convention} layer convention).{quant}")
+
+
+def fact_sets(p: Mapping[str, Any]) -> dict[str, pd.DataFrame]:
+    """The main dataset and, unless it is TriviaQA already, the TriviaQA questions."""
+    sets = {p["dataset"]: facts.fact_prompts(p["dataset"], p["n_examples"], seed=p["seed"])}
+    if p["n_trivia"] and p["dataset"] != "trivia_qa":
+        sets["trivia_qa"] = facts.trivia_cloze(p["n_trivia"], seed=p["seed"])
+    return sets
+
+
+def set_sizes(sets: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    return pd.concat([f.assign(dataset=k) for k, f in sets.items()]).groupby(["dataset", "category"]).size().rename("prompts").to_frame().T
+
+
+def fact_table(sets: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    """All facts in one frame (aliases dropped: lists do not go to parquet)."""
+    return pd.concat([f.assign(dataset=k).drop(columns=[c for c in ("aliases",) if c in f.columns]) for k, f in sets.items()], ignore_index=True)
+
+
+def all_ranks(model, sets: Mapping[str, pd.DataFrame], lens, p: Mapping[str, Any]) -> pd.DataFrame:
+    ranks = pd.concat([
+        facts.answer_ranks(model, f, lens=lens, convention=p["convention"], max_tokens=p["max_tokens"]).assign(dataset=k)
+        for k, f in sets.items()
+    ], ignore_index=True)
+    # Items are numbered per dataset; a global key keeps them apart.
+    ranks["item"] = ranks.groupby(["dataset", "item"], sort=False).ngroup()
+    return ranks
+
+
+def onsets_of(ranks: pd.DataFrame, k_grid: list[int]) -> pd.DataFrame:
+    on = facts.fact_onsets(ranks, k_grid)
+    return on.merge(ranks.drop_duplicates("item")[["item", "dataset"]], on="item")
+
+
+def token_accuracy(ranks: pd.DataFrame) -> pd.DataFrame:
+    last = ranks[ranks.layer == ranks.layer.max()]
+    return last.groupby(["dataset", "token"]).agg(tokens=("item", "size"), correct=("correct", "mean")).reset_index()
+
+
+def onset_k1(onsets: pd.DataFrame, n_blocks: int, *, n_boot: int, seed: int) -> pd.DataFrame:
+    """Mean rank-1 onset per dataset, answer token and correctness, with ``onset / L``."""
+    k1 = facts.onset_table(onsets, k=1, by=("dataset", "token", "correct"), n_boot=n_boot, seed=seed)
+    return k1.assign(**{"onset / L": k1["mean_onset"] / n_blocks})
+
+
+def with_paper(k1: pd.DataFrame) -> pd.DataFrame:
+    """The k = 1 table under the paper's rows."""
+    paper = pd.DataFrame({"dataset": "paper (reference): Pythia-6.9B", "token": list(PAPER_ONSETS), "correct": True,
+                          "mean_onset": list(PAPER_ONSETS.values()), "onset / L": [v / PAPER_BLOCKS for v in PAPER_ONSETS.values()]})
+    return pd.concat([paper, k1], ignore_index=True)
+
+
+def onset_k1_by_length(onsets: pd.DataFrame, *, n_boot: int, seed: int) -> pd.DataFrame:
+    # As in the paper: correct predictions only.
+    return facts.onset_table(onsets[onsets["correct"]], k=1, by=("dataset", "length_group", "token"), n_boot=n_boot, seed=seed)
+
+
+def onset_curves(onsets: pd.DataFrame, dataset: str) -> pd.DataFrame:
+    """Mean onset against k for the main dataset, by correctness and (correct
+    tokens only) by answer length; ``group`` names the curve."""
+    sub = onsets[onsets["dataset"] == dataset]
+    c = metrics.onset_curve(sub, by=["token", "correct"])
+    by_len = metrics.onset_curve(sub[sub["correct"]], by=["token", "length_group"])
+    return pd.concat([
+        c.assign(group="correct = " + c["correct"].astype(str)).drop(columns="correct"),
+        by_len.assign(group="answer of " + by_len["length_group"].astype(str) + " tokens").drop(columns="length_group"),
+    ], ignore_index=True)
+
+
+def token_difference(onsets: pd.DataFrame, dataset: str, a: int, b: int, *, n_boot: int, seed: int) -> pd.Series:
+    """Mean rank-1 onset of correct answer token ``b`` minus token ``a`` in one
+    dataset (the pooled row of :func:`depthkit.stats.stratified_difference`, one
+    stratum; each reaching token is a unit)."""
+    d = onsets[(onsets["k"] == 1) & (onsets["dataset"] == dataset) & onsets["correct"] & onsets["token"].isin([a, b])]
+    diff = stats.stratified_difference(d.assign(stratum=dataset), "onset", "token", "stratum", a, b, n_boot=n_boot, seed=seed)
+    return diff.iloc[-1]
+
+
+def dataset_summary(k1: pd.DataFrame, onsets: pd.DataFrame, dataset: str, n_blocks: int, *, n_boot: int, seed: int) -> str:
+    ok = k1[(k1.dataset == dataset) & (k1.correct)].set_index("token")
+    wrong = k1[(k1.dataset == dataset) & (~k1.correct)].set_index("token")
+    parts = [f"token {t}: {narrate.layer(r.mean_onset, r.lo, r.hi, n_blocks=n_blocks) if np.isfinite(r.mean_onset) else 'never at rank 1'}, n = {r.n_reached}"
+             for t, r in ok.sort_index().iterrows()]
+    diffs = []
+    # Token 1 is the paper's reference point: without it there is nothing to compare.
+    for t in sorted(i for i in ok.index if i != 1 and 1 in ok.index):
+        d = token_difference(onsets, dataset, t, 1, n_boot=n_boot, seed=seed)
+        diffs.append(narrate.difference(d["diff"], d["lo"], d["hi"], more="later", less="earlier", subject="token 1 onsets", than=f"token {t} onsets"))
+    trend = (" Token 1 against later tokens: " + "; ".join(diffs) + ".") if diffs else ""
+    missed = "; ".join(
+        f"token {t}: {r.n_reached} of {r.n_items} ever reach rank 1" + ("" if not np.isfinite(r.mean_onset) else f", at layer {r.mean_onset:.0f} on average")
+        for t, r in wrong.sort_index().iterrows()
+    )
+    return (f"**{dataset}**, correctly predicted tokens — rank-1 onset " + "; ".join(parts) + f".{trend} "
+            f"Incorrectly predicted tokens: {missed or 'none'}.")
+
+
+def summary(k1: pd.DataFrame, onsets: pd.DataFrame, datasets: list[str], n_blocks: int, *, n_boot: int, seed: int) -> str:
+    paper = " / ".join(f"{v:.0f}" for v in PAPER_ONSETS.values())
+    frac = " / ".join(f"{v / PAPER_BLOCKS:.2f}" for v in PAPER_ONSETS.values())
+    return ("\n\n".join(dataset_summary(k1, onsets, ds, n_blocks, n_boot=n_boot, seed=seed) for ds in datasets)
+            + f"\n\nFor comparison, the paper's Pythia-6.9B onsets {paper} of {PAPER_BLOCKS} are {frac} of the depth.")
+
+
+def headlines(run) -> pd.DataFrame:
+    """Mean rank-1 onset of each correctly predicted answer token (``onset_k1``).
+    The run's main dataset keeps the paper's quantity names; a dataset analysed
+    beside it (TriviaQA) is named in the quantity, one row per quantity."""
+    k1 = run["onset_k1"]
+    k1 = k1[k1["correct"].astype(bool)]
+    main = run.params.get("dataset")
+    quantity = "fact recall rank-1 onset, answer token " + k1["token"].astype(int).astype(str)
+    quantity = quantity.where(k1["dataset"] == main, quantity + " (" + k1["dataset"].astype(str) + ")")
+    out = pd.DataFrame({"quantity": quantity.to_numpy(), "value": k1["mean_onset"].to_numpy(dtype=float),
+                        "lo": k1["lo"].to_numpy(dtype=float), "hi": k1["hi"].to_numpy(dtype=float),
+                        "n": k1["n_reached"].to_numpy(dtype=float), "scale": "layer"})
+    return out[HEADLINE_COLUMNS]

@@ -1,0 +1,73 @@
+"""Chapter 03's module on small constructed frames."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from depthkit.chapters import HEADLINE_COLUMNS, PAPER_COLUMNS
+from depthkit.chapters import ch03_fact_recall as ch
+
+
+class FakeRun:
+    def __init__(self, tables: dict[str, pd.DataFrame], params: dict):
+        self.tables, self.params = tables, params
+
+    def __getitem__(self, name: str) -> pd.DataFrame:
+        return self.tables[name]
+
+
+def onsets_frame(n: int, first: float, last: float, seed: int = 0) -> pd.DataFrame:
+    """k = 1 onsets of answer tokens 1 and 3 of ``n`` correct items, around ``first``
+    and ``last``."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for item in range(n):
+        for token, centre in ((1, first), (3, last)):
+            rows.append({"item": item, "k": 1, "token": token, "onset": centre + rng.integers(-1, 2), "correct": True, "dataset": "curated"})
+    return pd.DataFrame(rows)
+
+
+def k1_of(onsets: pd.DataFrame) -> pd.DataFrame:
+    return ch.onset_k1(onsets.assign(length_group="3", position=0), 30, n_boot=50, seed=0)
+
+
+def test_token_difference_and_its_wording():
+    on = onsets_frame(20, 20, 10)
+    d = ch.token_difference(on, "curated", 3, 1, n_boot=200, seed=0)
+    assert abs(d["diff"] - 10) < 1.5 and d["lo"] > 0
+    text = ch.dataset_summary(k1_of(on), on, "curated", 30, n_boot=200, seed=0)
+    assert "token 1 onsets are" in text and "later than token 3 onsets" in text
+    assert "layer 20 of 30 (95 % CI" in text
+
+
+def test_no_difference_claimed_without_an_interval_or_when_it_spans_zero():
+    few = onsets_frame(6, 20, 10)
+    text = ch.dataset_summary(k1_of(few), few, "curated", 30, n_boot=200, seed=0)
+    assert "later than" not in text and "no finding is drawn" in text
+    same = onsets_frame(20, 15, 15)
+    text = ch.dataset_summary(k1_of(same), same, "curated", 30, n_boot=200, seed=0)
+    assert "no clear difference between token 1 onsets and token 3 onsets" in text
+
+
+def test_onset_k1_divides_by_depth():
+    k1 = k1_of(onsets_frame(12, 20, 10))
+    assert np.allclose(k1["onset / L"], k1["mean_onset"] / 30)
+    assert len(ch.with_paper(k1)) == len(k1) + 3
+
+
+def test_headlines_keep_paper_names_for_the_main_dataset():
+    k1 = pd.DataFrame({"dataset": ["curated", "curated", "trivia_qa", "curated"], "token": [1, 2, 1, 1],
+                       "correct": [True, True, True, False], "mean_onset": [20.0, 15.0, 18.0, 25.0],
+                       "lo": [19.0, np.nan, 17.0, 24.0], "hi": [21.0, np.nan, 19.0, 26.0], "n_reached": [30, 8, 12, 5]})
+    h = ch.headlines(FakeRun({"onset_k1": k1}, {"dataset": "curated"}))
+    assert list(h.columns) == HEADLINE_COLUMNS
+    assert list(h["quantity"]) == ["fact recall rank-1 onset, answer token 1", "fact recall rank-1 onset, answer token 2",
+                                   "fact recall rank-1 onset, answer token 1 (trivia_qa)"]
+    assert list(h["value"]) == [20.0, 15.0, 18.0] and list(h["n"]) == [30, 8, 12] and set(h["scale"]) == {"layer"}
+    assert set(h["quantity"]) & set(ch.PAPER["quantity"]) == {h["quantity"][0], h["quantity"][1]}
+
+
+def test_paper_rows():
+    assert list(ch.PAPER.columns) == PAPER_COLUMNS
+    assert np.allclose(ch.PAPER["value"], [27 / 32, 20 / 32, 12 / 32])
