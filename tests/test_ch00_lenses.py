@@ -1,0 +1,101 @@
+"""Chapter 00's module on small constructed frames: held-out fidelity prose, the
+settling layer of the examples, the paired bias check and its verdict, the
+prompt-level KL difference and the headlines of a saved run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from depthkit.chapters import HEADLINE_COLUMNS, PAPER_COLUMNS
+from depthkit.chapters import ch00_lenses as ch
+
+LENSES = ["logit", ch.TUNED, ch.THE, ch.TOP10]
+
+
+def _compare_steps(n_items: int, L: int, early_frequent: dict[str, float], final_frequent: float, *, kl=None) -> pd.DataFrame:
+    """A compare_lenses-like per-prompt frame: in layers < L/3 a lens picks a frequent
+    token for the first share of prompts; the final top-1 is frequent for the first
+    ``final_frequent`` share of prompts."""
+    rows = []
+    for lens in LENSES:
+        for i in range(n_items):
+            for l in range(1, L + 1):
+                early = l < 1 + L // 3
+                frequent = (i < early_frequent[lens] * n_items) if early else (i < final_frequent * n_items)
+                rows.append(
+                    {"lens": lens, "item": i, "layer": l, "frequent": bool(frequent), "final_id": 1 if i < final_frequent * n_items else 99,
+                     "kl_to_final": (kl or {}).get(lens, 1.0) + 0.01 * (i % 3)}
+                )
+    return ch.with_final_frequent(pd.DataFrame(rows), frequent_ids=[1])
+
+
+def test_fidelity_text_and_table():
+    L = 8
+    heldout = pd.DataFrame(
+        [{"layer": l, "lens": lens, "kl": (4.0 if lens == "logit" else 1.0) + (l == 2) * 3, "top1_agreement": 0.5} for l in range(L) for lens in ("logit", "tuned")]
+    )
+    text, table = ch.fidelity(heldout, L)
+    assert "**8 of 8**" in text and "**63%** lower" in text and "worst at layer 2" in text
+    assert list(table.columns.get_level_values(0).unique()) == ["KL (nats)", "top-1 agreement"]
+    assert len(table) == L
+
+
+def test_settled_from_is_the_last_change_plus_one():
+    steps = pd.DataFrame({"item": 0, "layer": [1, 2, 3, 4], "top1_id": [5, 7, 5, 7]})
+    final = pd.DataFrame({"item": 0, "layer": [1, 2, 3, 4], "token_id": 7})
+    assert ch.settled_from(steps, final) == {0: 4}
+    steps["top1_id"] = 7
+    assert ch.settled_from(steps, final) == {0: 1}
+
+
+def test_bias_table_pairs_prompts_and_reports_intervals():
+    steps = _compare_steps(40, 9, {"logit": 0.9, ch.TUNED: 0.8, ch.THE: 0.7, ch.TOP10: 0.6}, 0.25)
+    bias = ch.bias_table(steps, 9, n_boot=200, seed=0).set_index("lens")
+    assert bias.loc[ch.TUNED, "early layers"] == pytest.approx(0.8)
+    assert bias.loc[ch.TUNED, "model output"] == pytest.approx(0.25)
+    assert bias.loc[ch.TUNED, "early − output"] == pytest.approx(0.55)
+    assert bias.loc[ch.TUNED, "diff lo"] > 0 and bias["n"].eq(40).all()
+    text = ch.bias_verdict(bias.reset_index(), ch.early_layers(steps["layer"].unique(), 9))
+    assert text.count("percentage points of Top-10 picks more than the model's output") == 3
+    assert "Even the lenses trained to discount frequent targets" in text
+
+
+def test_bias_verdict_without_a_clear_tuned_preference():
+    steps = _compare_steps(40, 9, {"logit": 0.3, ch.TUNED: 0.3, ch.THE: 0.3, ch.TOP10: 0.3}, 0.3)
+    text = ch.bias_verdict(ch.bias_table(steps, 9, n_boot=200, seed=0), [1, 2, 3])
+    assert "do not clearly pick Top-10 tokens" in text and "no clear difference" in text
+
+
+def test_bias_verdict_when_down_weighting_removes_it_and_too_few_prompts():
+    steps = _compare_steps(40, 9, {"logit": 0.9, ch.TUNED: 0.9, ch.THE: 0.25, ch.TOP10: 0.25}, 0.25)
+    assert "no longer clearly prefer" in ch.bias_verdict(ch.bias_table(steps, 9, n_boot=200, seed=0), [1, 2, 3])
+    few = ch.bias_table(_compare_steps(6, 9, {k: 1.0 for k in LENSES}, 0.0), 9, n_boot=200, seed=0)
+    assert few["lo"].isna().all() and few["diff lo"].isna().all()
+    # Without an interval no preference is claimed, however large the difference.
+    assert "do not clearly pick" in ch.bias_verdict(few, [1, 2, 3])
+
+
+def test_kl_cut_is_paired_and_signed():
+    steps = _compare_steps(30, 8, {k: 0.5 for k in LENSES}, 0.5, kl={"logit": 3.0, ch.TUNED: 1.0})
+    assert "tuned-lens KL values are 2.00 nats lower than logit-lens ones" in ch.kl_cut(steps, 8, n_boot=200)
+
+
+class _Run:
+    def __init__(self, tables):
+        self.tables = tables
+
+    def __getitem__(self, name):
+        return self.tables[name]
+
+
+def test_headlines_from_saved_bias_table():
+    steps = _compare_steps(40, 9, {"logit": 0.9, ch.TUNED: 0.8, ch.THE: 0.7, ch.TOP10: 0.6}, 0.25)
+    out = ch.headlines(_Run({"bias_check": ch.bias_table(steps, 9, n_boot=100)}))
+    assert list(out.columns) == HEADLINE_COLUMNS
+    h = out.set_index("quantity")
+    assert h.loc["early-layer Top-10 share, tuned lens", "value"] == pytest.approx(0.8)
+    assert h.loc[ch.Q_OUTPUT, "value"] == pytest.approx(0.25)
+    assert set(out["scale"]) == {"share"} and np.isfinite(h.loc["early-layer Top-10 share, tuned lens", "lo"])
+    assert list(ch.PAPER.columns) == PAPER_COLUMNS
