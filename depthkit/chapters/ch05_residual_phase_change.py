@@ -1,0 +1,251 @@
+"""Chapter 05 (a phase change in the residual stream): the tables behind its
+charts, the transition estimates, the generated prose and the headline quantities.
+
+Every interval resamples passages (the ``item`` column): positions of one passage
+share their context and are not independent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from depthkit import narrate, residual, stats
+from depthkit.chapters import HEADLINE_COLUMNS, PAPER_COLUMNS
+
+# The paper gives no layer for a residual phase change; chapter 07 shows ours alone.
+PAPER = pd.DataFrame(columns=PAPER_COLUMNS)
+
+# Statistic -> the chart panel (y axis) it is drawn in.
+PANELS: dict[str, str] = {
+    "attn_rel": "‖Δ‖/‖h‖", "mlp_rel": "‖Δ‖/‖h‖", "block_rel": "‖Δ‖/‖h‖",
+    "cos_attn": "cos(Δ, h)", "cos_mlp": "cos(Δ, h)", "cos_update": "cos(Δ, h)",
+    "block_influence": "1 − cos(h_ℓ, h_ℓ+1)",
+}
+TRANSITION_COLUMNS = ["name", "estimate", "lo", "hi", "n", "n_boot"]
+MCQ_SLUG = "02_mcq_collection_vs_reasoning"
+
+
+def model_line(info: Any, lens_name: str, convention: str) -> str:
+    """One Markdown sentence on the model, its quantisation, the lens and convention."""
+    shape = f"{info.n_blocks} blocks, d_model {info.d_model}, vocabulary {info.d_vocab:,}"
+    who = (
+        f"**{info.name}** is a {info.quantisation} model ({shape}), a small quantised model, not one of the "
+        "paper's 7-8B models: compare shapes, not exact values."
+        if info.is_quantised
+        else f"**{info.name}** ({shape}, weights not quantised)."
+    )
+    return f"{who} Lens: **{lens_name}**, layer convention **{convention}**."
+
+
+def update_curves(updates: pd.DataFrame, *, n_boot: int, seed: int) -> pd.DataFrame:
+    """Mean curve over passages of every update statistic: ``[x, mean, lo, hi, n, stat, panel]``."""
+    parts = [
+        stats.layer_means(updates, s, by="block", n_boot=n_boot, seed=seed).assign(stat=s, panel=panel)
+        for s, panel in PANELS.items()
+    ]
+    return pd.concat(parts, ignore_index=True).rename(columns={"block": "x"})
+
+
+def lens_curves(kl: pd.DataFrame, top: pd.DataFrame, lens_name: str, *, n_boot: int, seed: int) -> pd.DataFrame:
+    """KL(p_L ‖ q_ℓ) of every lens in ``kl`` and the Top-10 share of the chosen lens,
+    as curves over layers in the layout of :func:`update_curves`."""
+    parts = [
+        stats.layer_means(kl[kl["lens"] == name], "kl", by="layer", n_boot=n_boot, seed=seed).assign(
+            stat=f"KL, {name} lens", panel="KL(p_L ‖ q_ℓ), nats"
+        )
+        for name in kl["lens"].unique()
+    ]
+    parts.append(
+        stats.layer_means(top, "top10_share", by="layer", n_boot=n_boot, seed=seed).assign(
+            stat=f"Top-10 share, {lens_name} lens", panel="top-1 in Top-10"
+        )
+    )
+    return pd.concat(parts, ignore_index=True).rename(columns={"layer": "x"})
+
+
+def patching_rows(mcq_run: Any) -> pd.DataFrame:
+    """Chapter 02's patching transitions as transition rows (its own intervals kept)."""
+    pt = mcq_run["patching_transitions"]
+    pt = pt[pt["what"] == "patching transition"]
+    return pd.DataFrame(
+        {
+            "name": "patching transition (" + pt["direction"].astype(str) + ")",
+            "estimate": pt["transition_layer"].astype(float),
+            "lo": pt["lo"].astype(float),
+            "hi": pt["hi"].astype(float),
+            "n": pt["n_pairs"].astype(float),
+            "n_boot": np.nan,
+        },
+        columns=TRANSITION_COLUMNS,
+    )
+
+
+def load_patching(model_name: str, results_root: str | None) -> tuple[pd.DataFrame, str]:
+    """Chapter 02's saved patching transitions of this model and a note saying where
+    they come from, or no rows and a note saying why they are missing."""
+    from depthkit.results import ResultsError, load_run
+
+    try:
+        run = load_run(model_name, MCQ_SLUG, root=results_root)
+        rows = patching_rows(run)
+    except (ResultsError, KeyError) as err:
+        note = (
+            f"**The patching transition is missing**: chapter 02 (`{MCQ_SLUG}`) has no usable saved run for "
+            f"{model_name} ({str(err).splitlines()[0][:200]}). Run that chapter for this model to add it here."
+        )
+        return pd.DataFrame(columns=TRANSITION_COLUMNS), note
+    finished = run.manifest.get("finished_utc", "?")
+    return rows, f"The patching transitions come from chapter 02's run of {model_name} (finished {finished})."
+
+
+def transitions(
+    updates: pd.DataFrame,
+    kl: pd.DataFrame,
+    top: pd.DataFrame,
+    lens_name: str,
+    *,
+    phase_curve: str,
+    top_tol: float,
+    n_blocks: int,
+    patching: pd.DataFrame | None = None,
+    n_boot: int,
+    seed: int,
+) -> pd.DataFrame:
+    """ℓ*, the KL knee, the layer where the Top-10 share settles, and (when given)
+    chapter 02's patching transitions: ``[name, estimate, lo, hi, n, n_boot, estimate / L]``.
+    The first row is always ℓ*."""
+    phase = residual.phase_change(updates, phase_curve, n_boot=n_boot, seed=seed)
+    knee = stats.curve_estimate(
+        kl[kl["lens"] == lens_name], "kl", stats.knee, name=f"KL knee ({lens_name} lens)", n_boot=n_boot, seed=seed
+    )
+    settle = stats.curve_estimate(
+        top, "top10_share", lambda x, y: stats.settling_layer(x, y, tol=top_tol),
+        name="Top-10 share reaches its final level", n_boot=n_boot, seed=seed,
+    )
+    rows = [dict(phase.as_dict(), name=f"ℓ* (two-segment fit, log {phase_curve})"), knee.as_dict(), settle.as_dict()]
+    out = pd.DataFrame(rows)[TRANSITION_COLUMNS].astype({"n": "float64", "n_boot": "float64"})
+    if patching is not None and len(patching):
+        out = pd.concat([out, patching[TRANSITION_COLUMNS].astype(out.dtypes.to_dict())], ignore_index=True)
+    out["estimate / L"] = out["estimate"] / n_blocks
+    return out
+
+
+def split_sensitivity(updates: pd.DataFrame, *, n_boot: int, seed: int) -> pd.DataFrame:
+    """Where the two-segment split falls for every update statistic: ``[statistic, split, lo, hi]``."""
+    rows = [residual.phase_change(updates, s, n_boot=n_boot, seed=seed).as_dict() for s in residual.UPDATE_STATS]
+    return pd.DataFrame(rows)[["name", "estimate", "lo", "hi"]].rename(columns={"name": "statistic", "estimate": "split"})
+
+
+def mlp_vs_attention(updates: pd.DataFrame, *, n_boot: int, seed: int) -> pd.DataFrame:
+    """Per block: the MLP minus the attention relative update, mean over passages with
+    its interval (one passage one unit): ``[block, estimate, lo, hi, n]``."""
+    d = updates.assign(diff=updates["mlp_rel"] - updates["attn_rel"])
+    return stats.bootstrap_ci_by(d, "diff", "block", n_boot=n_boot, seed=seed)
+
+
+def _layer(row: pd.Series) -> str:
+    return narrate.layer(row["estimate"], row["lo"], row["hi"])
+
+
+def summary_text(
+    transitions: pd.DataFrame,
+    sensitivity: pd.DataFrame,
+    updates: pd.DataFrame,
+    mlp_attn: pd.DataFrame,
+    *,
+    model_name: str,
+    n_passages: int,
+    n_positions: int,
+    phase_curve: str,
+) -> str:
+    """The Markdown bullets under the transition chart."""
+    n_blocks = int(updates["block"].max()) + 1
+    tr = transitions.set_index("name")
+    star = transitions.iloc[0]
+    shown = transitions["estimate"].dropna()
+    spread = shown.max() - shown.min()
+    b = updates.groupby("block")[["attn_rel", "mlp_rel"]].mean()
+    inner = mlp_attn[mlp_attn["block"].between(1, n_blocks - 2)]
+    mlp_bigger = int((inner["estimate"] > 0).sum())
+    if inner["lo"].notna().any():
+        clear = (
+            f"; the interval over passages of the difference excludes zero in {int((inner['lo'] > 0).sum())} blocks "
+            f"with the MLP larger and {int((inner['hi'] < 0).sum())} with attention larger."
+        )
+    else:
+        clear = f" ({narrate.NO_INTERVAL}; no block-wise difference is claimed)."
+    knee_name = next(n for n in tr.index if n.startswith("KL knee"))
+    return f'''
+On {n_passages} passages ({n_positions:,} positions) of {model_name}:
+
+* **ℓ\\* = {_layer(star)}** of {n_blocks} blocks (ℓ\\*/L = {star['estimate'] / n_blocks:.2f}), from the log of `{phase_curve}`.
+  Fitted to the other statistics the split falls between layers {sensitivity['split'].min():.0f} and {sensitivity['split'].max():.0f}:
+  the "phase change" is a property of the curve one chooses as much as of the network.
+* KL knee: {_layer(tr.loc[knee_name])}; Top-10 share at its final level from {_layer(tr.loc["Top-10 share reaches its final level"])}.
+  The estimates shown span {spread:.0f} layers ({spread / n_blocks:.0%} of the depth).
+* Block 0 writes an update {b.loc[0, 'attn_rel'] + b.loc[0, 'mlp_rel']:.1f}× the size of its input (attention + MLP, relative);
+  in blocks 1–{n_blocks - 2} the mean MLP update is larger than the attention update in {mlp_bigger} of {len(inner)} blocks{clear}
+'''
+
+
+def skip_text(
+    skip_later: pd.DataFrame, skip_output: pd.DataFrame, *, split: float, n_passages: int, seconds: float
+) -> str:
+    """The Markdown bullets under the layer-skipping chart. The effects are pooled
+    over the positions of a few passages and carry no interval, so the means on
+    either side of ℓ* are described, not compared."""
+    n_blocks = int(skip_output["skipped"].max()) + 1
+    so = skip_output.set_index("skipped")
+    worst = so["kl"].sort_values(ascending=False).head(3)
+    at_l = skip_later[skip_later["layer"] == n_blocks].set_index("skipped")["rel_change"]
+    before, after = so.loc[so.index < split], so.loc[so.index >= split]
+    changes_top1 = int((so["top1_agreement"] < 0.9).sum())
+    passages = f"{n_passages} passage{'s' if n_passages != 1 else ''}"
+    worst_list = ", ".join(
+        f"{b} (KL {v:.2f} nats, top-1 kept at {so.loc[b, 'top1_agreement']:.0%} of positions)" for b, v in worst.items()
+    )
+    return f'''
+* The blocks whose removal changes the output most are {worst_list}.
+* Removing any one of {changes_top1} of {n_blocks} blocks changes the top-1 token at more than 10 % of positions.
+* Mean output KL for blocks before ℓ\\* ({len(before)} blocks): {before['kl'].mean():.2f} nats; from ℓ\\* on ({len(after)} blocks): {after['kl'].mean():.2f} nats.
+  Mean relative change of the final residual h_L: {at_l[at_l.index < split].mean():.2f} before ℓ\\*, {at_l[at_l.index >= split].mean():.2f} from ℓ\\* on.
+  These means pool the positions of {passages} and carry no interval, so no difference between the two sides of ℓ\\* is claimed.
+* The skipping experiment took {seconds:.0f} s ({n_blocks} extra forward passes over {passages}).
+'''
+
+
+def headlines(run: Any) -> pd.DataFrame:
+    """Every transition estimate of the run (table ``transitions``), in layers."""
+    t = run["transitions"]
+    out = pd.DataFrame(
+        {
+            "quantity": t["name"].astype(str),
+            "value": t["estimate"].astype(float),
+            "lo": t["lo"].astype(float),
+            "hi": t["hi"].astype(float),
+            "n": t["n"].astype(float),
+            "scale": "layer",
+        }
+    )
+    return out[HEADLINE_COLUMNS].reset_index(drop=True)
+
+
+def lens_tables(net: Any, items: list, lens: Any, *, convention: str, batch_size: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(kl, top)``: per (item, layer) KL(p_L ‖ q_ℓ) through ``lens`` and the logit lens
+    (column ``lens``), and the share of positions whose lens top-1 is one of the ten most
+    frequent tokens, through ``lens``."""
+    import depthkit as dk
+    from depthkit import frequency
+    from depthkit.models import tokenizer_of
+
+    trajs = {lens.name: dk.trajectories(net, items, lens=lens, convention=convention, top_k=1, batch_size=batch_size)}
+    if lens.name != "logit":
+        # The logit lens alongside shows how much of the KL curve's shape is the lens's.
+        trajs["logit"] = dk.trajectories(net, items, lens="logit", convention=convention, top_k=1, batch_size=batch_size)
+    kl = pd.concat([residual.kl_by_layer(t).assign(lens=name) for name, t in trajs.items()], ignore_index=True)
+    freq = frequency.token_frequencies(tokenizer_of(net))
+    top = residual.top_share_by_layer(trajs[lens.name], lambda ids: frequency.ranks_of(freq, ids), top=10)
+    return kl, top

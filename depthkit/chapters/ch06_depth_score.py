@@ -1,0 +1,263 @@
+"""Chapter 06 (depth scores and early exit): per-token depth tables, group means,
+the deep-thinking ratio, the early-exit prose and the headline quantities.
+
+Every interval resamples passages (the ``item`` column), never tokens: the tokens
+of one passage share their context and are not independent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from depthkit import depth_score, frequency, narrate, pos, stats
+from depthkit.chapters import HEADLINE_COLUMNS, PAPER_COLUMNS
+
+# The paper has no early-exit or deep-thinking numbers; its word-class onsets are chapter 04's.
+PAPER = pd.DataFrame(columns=PAPER_COLUMNS)
+
+MEASURES = ("d1_norm", "d_sat_norm")
+GROUP_COLUMNS = ["estimate", "lo", "hi", "n", "n_rows", "measure"]
+POLICIES = ("confidence", "fixed", "oracle (d_sat)", "oracle (d_1)")
+# Headline names of each policy's saving (chapter 07 and saved runs use them).
+SAVING_LABELS = {"confidence": "confidence policy", "fixed": "fixed exit", "oracle (d_sat)": "oracle (d_sat)", "oracle (d_1)": "oracle (d_1)"}
+
+
+def model_line(info: Any, lens_name: str, convention: str) -> str:
+    """One Markdown paragraph on the model, the lens and convention, warning about the
+    logit lens (its confident early echoes of the input distort a confidence exit)."""
+    shape = f"{info.n_blocks} blocks, vocabulary {info.d_vocab:,}"
+    who = (
+        f"**{info.name}** is a {info.quantisation} model ({shape}), a small quantised model, not one of the "
+        "paper's 7-8B models: compare shapes, not exact values."
+        if info.is_quantised
+        else f"**{info.name}** ({shape}, weights not quantised)."
+    )
+    warning = (
+        " With the logit lens, early layers of small models often echo the input token with high confidence, "
+        "which makes a confidence-based exit look far better or worse than it is: prefer the tuned lens here."
+        if lens_name == "logit"
+        else ""
+    )
+    return f"{who} Lens: **{lens_name}**, layer convention **{convention}**.{warning}"
+
+
+def scores_with_buckets(traj: Any, freq: pd.DataFrame) -> pd.DataFrame:
+    """:func:`depthkit.depth_score.depth_scores` plus the frequency ``bucket`` of the
+    model's predicted token."""
+    scores = depth_score.depth_scores(traj)
+    scores["bucket"] = frequency.bucket_of(frequency.ranks_of(freq, scores["final_id"].to_numpy()))
+    return scores
+
+
+def summary_table(scores: pd.DataFrame, n_blocks: int) -> pd.DataFrame:
+    """Mean and median of each normalised depth over tokens: ``[measure, mean, median, mean (layers)]``."""
+    rows = [
+        {"measure": m, "mean": scores[m].mean(), "median": scores[m].median(), "mean (layers)": scores[m].mean() * n_blocks}
+        for m in ("d1_norm", "d_sat_norm", "flips_norm")
+    ]
+    return pd.DataFrame(rows)
+
+
+def group_depths(df: pd.DataFrame, group: str, *, n_boot: int, seed: int) -> pd.DataFrame:
+    """Mean d₁/L and d_sat/L per group over its tokens, the interval from resampling
+    passages: ``[group, estimate, lo, hi, n (passages), n_rows (tokens), measure]``."""
+    if df.empty:
+        return pd.DataFrame(columns=[group, *GROUP_COLUMNS])
+    parts = [stats.unit_mean(df, m, "item", group, n_boot=n_boot, seed=seed).assign(measure=m) for m in MEASURES]
+    return pd.concat(parts, ignore_index=True)
+
+
+def pos_tables(
+    scores: pd.DataFrame, tags: pd.DataFrame, *, min_group: int, n_boot: int, seed: int
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """``(tagged, kept, pos_summary, class_summary)``: scores joined to the true next
+    word's tag; the correctly predicted first pieces of words in tags with at least
+    ``min_group`` tokens (as in the paper's part-of-speech analysis); their depths by
+    tag and by word class (function / content; "other" left out)."""
+    tagged = scores.merge(tags, on=["item", "position"], how="left")
+    kept = tagged[tagged["correct"] & tagged["first_piece"]]
+    counts = kept["pos"].value_counts()
+    kept = kept[kept["pos"].isin(counts[counts >= min_group].index)]
+    kept = kept.assign(word_class=kept["pos"].map(pos.word_class))
+    pos_summary = group_depths(kept, "pos", n_boot=n_boot, seed=seed)
+    class_summary = group_depths(kept[kept["word_class"] != "other"], "word_class", n_boot=n_boot, seed=seed)
+    return tagged, kept, pos_summary, class_summary
+
+
+def _unit_ci(n_units: int, stat: Callable[[np.ndarray], float], *, n_boot: int, seed: int) -> stats.CI:
+    """:func:`depthkit.stats.bootstrap_ci` of a statistic of whole units: the resampled
+    values are unit indices, so ``stat`` sees which passages were drawn."""
+
+    def of_indices(idx: np.ndarray) -> float:
+        # A resample may lack a class or hold one constant value: NaN, not a warning.
+        with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return float(stat(np.asarray(idx, dtype=int)))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # every resample NaN (e.g. a constant DTR): no interval
+        return stats.bootstrap_ci(np.arange(n_units), stat=of_indices, n_boot=n_boot, seed=seed)
+
+
+def class_difference(kept: pd.DataFrame, measure: str = "d1_norm", *, n_boot: int, seed: int) -> stats.CI:
+    """Mean ``measure`` of content minus function words, the interval from resampling
+    passages (both classes of a passage go in or out together)."""
+    d = kept[kept["word_class"].isin(["function", "content"])]
+    if d.empty or d["word_class"].nunique() < 2:
+        return stats.CI(np.nan, np.nan, np.nan, 0)
+    agg = d.pivot_table(index="item", columns="word_class", values=measure, aggfunc=["sum", "count"], fill_value=0)
+    s, c = agg["sum"], agg["count"]
+
+    def diff(idx: np.ndarray) -> float:
+        return s["content"].to_numpy()[idx].sum() / c["content"].to_numpy()[idx].sum() - (
+            s["function"].to_numpy()[idx].sum() / c["function"].to_numpy()[idx].sum()
+        )
+
+    return _unit_ci(len(agg), diff, n_boot=n_boot, seed=seed)
+
+
+def _est(summary: pd.DataFrame, group: str, measure: str, key: str) -> str:
+    r = summary[(summary["measure"] == measure) & (summary[group].astype(str) == key)]
+    return "—" if r.empty else narrate.estimate(r["estimate"].iloc[0], r["lo"].iloc[0], r["hi"].iloc[0], digits=2)
+
+
+def groups_text(bucket_summary: pd.DataFrame, class_summary: pd.DataFrame, gap: stats.CI, scores: pd.DataFrame) -> str:
+    """Markdown bullets on depth by frequency bucket and word class."""
+    top_b, rest_b = frequency.BUCKETS[0], frequency.BUCKETS[-1]
+    b = lambda m, k: _est(bucket_summary, "bucket", m, k)  # noqa: E731
+    lines = [
+        f"* Tokens predicted from the {top_b} bucket reach rank 1 at d₁/L = {b('d1_norm', top_b)} on average and settle at "
+        f"d_sat/L = {b('d_sat_norm', top_b)}; tokens from the '{rest_b}' bucket at {b('d1_norm', rest_b)} and "
+        f"{b('d_sat_norm', rest_b)}."
+    ]
+    classes = set(class_summary["word_class"]) if len(class_summary) else set()
+    if {"function", "content"} <= classes:
+        lines.append(
+            f"* Correctly predicted function words (DET, ADP, PUNCT) reach rank 1 at d₁/L = "
+            f"{_est(class_summary, 'word_class', 'd1_norm', 'function')}, content words (NOUN, VERB, ADJ) at "
+            f"{_est(class_summary, 'word_class', 'd1_norm', 'content')}: "
+            + narrate.difference(gap.estimate, gap.lo, gap.hi, more="later", less="earlier", than="function words",
+                                 subject="content words", digits=2, unit="L")
+            + ". The paper's main figure has ≈ 5 and ≈ 20 of 32 layers (0.16 and 0.62)."
+        )
+    else:
+        lines.append("* Too few correctly predicted function or content words to compare the two classes; raise n_texts.")
+    lines.append(f"* {scores['correct'].mean():.1%} of the {len(scores):,} predictions are the true next token.")
+    return "\n".join(lines)
+
+
+def dtr_table(scores: pd.DataFrame, rho: float) -> pd.DataFrame:
+    """Per passage: deep-thinking ratio and next-token accuracy."""
+    dtr = depth_score.deep_thinking_ratio(scores, rho=rho)
+    return dtr.merge(scores.groupby("item")["correct"].mean().rename("accuracy").reset_index(), on="item")
+
+
+def dtr_text(dtr: pd.DataFrame, rho: float, *, n_boot: int, seed: int) -> str:
+    """Mean DTR over passages and its Spearman correlation with accuracy, each with
+    its interval over passages."""
+    mean = stats.bootstrap_ci(dtr["dtr"], n_boot=n_boot, seed=seed)
+    x, y = dtr["dtr"].to_numpy(dtype=float), dtr["accuracy"].to_numpy(dtype=float)
+    corr = _unit_ci(len(dtr), lambda i: pd.Series(x[i]).corr(pd.Series(y[i]), method="spearman"), n_boot=n_boot, seed=seed)
+    # Per cent with "%" glued to the number, as in the range beside it.
+    share = narrate.estimate(*(100 * v for v in mean[:3]), unit="%")
+    return (
+        f"Mean deep-thinking ratio: **{share}** of tokens per passage settle only at d_sat/L ≥ {rho} "
+        f"(range {dtr['dtr'].min():.1%}–{dtr['dtr'].max():.1%} over {len(dtr)} passages). Spearman correlation between a "
+        f"passage's DTR and its next-token accuracy over the {len(dtr)} passages: {narrate.estimate(*corr[:3], digits=2)}."
+    )
+
+
+def _pct(v: float) -> str:
+    return "not reached" if np.isnan(v) else f"{v:.0%}"
+
+
+def exit_text(saving: pd.DataFrame, sweep: pd.DataFrame, *, target: float, info: Any, block_params: int) -> str:
+    """The Markdown summary of the early-exit operating points at ``target`` agreement.
+    Savings are operating points of the sweep over all tokens (no interval)."""
+    s = saving.set_index("policy")
+    conf, fixed, osat, o1 = (s.loc[k] for k in POLICIES)
+    readout = info.d_model * info.d_vocab
+    if np.isnan(conf["saving"]):
+        tau_max = sweep.loc[sweep["policy"] == "confidence", "param"].max()
+        conf_line = (
+            f"the **confidence policy** never reaches this agreement at any τ of the sweep (up to {tau_max:.4g}): "
+            "a dynamic-depth model driven by this lens's confidence saves nothing at this level"
+        )
+    else:
+        conf_line = (
+            f"the **confidence policy** (τ = {conf['param']:.4g}) runs {conf['frac_layers']:.0%} of the blocks on average: "
+            f"a dynamic-depth model could save **{conf['saving']:.0%}** of the block compute"
+        )
+    return f'''
+At {target:.0%} agreement with the full model:
+
+* {conf_line}
+* a **fixed exit layer** saves {_pct(fixed['saving'])} (layer {fixed['param']:.0f} of {info.n_blocks});
+* the oracles save {_pct(osat['saving'])} (exit at d_sat) and {_pct(o1['saving'])} (exit at d₁): what a perfect exit rule could reach.
+
+The saving counts transformer blocks only. Testing the confidence needs a lens read-out per layer: one unembedding has
+{readout / 1e6:.1f} M weights against {block_params / 1e6:.1f} M in a block of {info.name} (ratio {readout / block_params:.1f}), so with
+this vocabulary a per-layer check costs {'more' if readout > block_params else 'less'} than the block it might save. Agreement is measured on
+teacher-forced text, where every earlier position ran all blocks; a real per-token exit would also have to supply the
+deeper keys and values that later tokens attend to.
+'''
+
+
+def verify_taus(saving: pd.DataFrame, taus: list[float]) -> list[float]:
+    """The thresholds to check with truncated passes: ``taus`` and the one reaching the target."""
+    conf = saving.set_index("policy").loc["confidence", "param"]
+    return sorted({float(t) for t in taus} | ({float(conf)} if not np.isnan(conf) else set()))
+
+
+def first_passages(traj: Any, n: int) -> Any:
+    """The trajectory restricted to passages ``0..n-1``."""
+    sub = lambda df: df[df["item"] < n].reset_index(drop=True)  # noqa: E731
+    return dataclasses.replace(traj, steps=sub(traj.steps), topk=sub(traj.topk), targets=sub(traj.targets))
+
+
+def verify_text(verify: pd.DataFrame, n_passages: int, seconds: float) -> str:
+    return (
+        f"On {int(verify['n_tokens'].iloc[0]):,} tokens of {n_passages} passage{'s' if n_passages != 1 else ''}, at every checked τ the truncated passes give "
+        f"the same token as the simulation for at least {verify['same_as_simulated'].min():.2%} of the tokens ({seconds:.0f} s)."
+    )
+
+
+def headline_table(
+    scores: pd.DataFrame, dtr: pd.DataFrame, saving: pd.DataFrame, target: float, *, n_boot: int, seed: int
+) -> pd.DataFrame:
+    """The chapter's headline numbers: ``[quantity, value, lo, hi, n]``; means over
+    tokens with intervals over passages, savings as operating points (no interval)."""
+    rows = []
+    for name, col in (("mean onset depth d1/L", "d1_norm"), ("mean saturation depth d_sat/L", "d_sat_norm"),
+                      ("mean flips / L", "flips_norm")):
+        r = stats.unit_mean(scores, col, "item", n_boot=n_boot, seed=seed).iloc[0]
+        rows.append((name, r["estimate"], r["lo"], r["hi"], r["n"]))
+    rows.append(("mean deep-thinking ratio", *stats.bootstrap_ci(dtr["dtr"], n_boot=n_boot, seed=seed)))
+    s = saving.set_index("policy")["saving"]
+    for policy, label in SAVING_LABELS.items():
+        rows.append((f"block saving at {target:.0%} agreement, {label}", s[policy], np.nan, np.nan, scores["item"].nunique()))
+    return pd.DataFrame(rows, columns=["quantity", "value", "lo", "hi", "n"]).astype({"n": "float64"})
+
+
+def headlines(run: Any) -> pd.DataFrame:
+    """The saved ``headline`` table: depths already divided by L, shares as shares."""
+    h = run["headline"]
+    depth = h["quantity"].str.startswith(("mean onset", "mean saturation", "mean flips"))
+    out = pd.DataFrame(
+        {
+            "quantity": h["quantity"].astype(str),
+            "value": h["value"].astype(float),
+            "lo": h["lo"].astype(float) if "lo" in h else np.nan,
+            "hi": h["hi"].astype(float) if "hi" in h else np.nan,
+            "n": h["n"].astype(float) if "n" in h else np.nan,
+            # d1/L etc. are fractions of the depth already: never divided by L again.
+            "scale": np.where(depth, "other", "share"),
+        }
+    )
+    return out[HEADLINE_COLUMNS].reset_index(drop=True)

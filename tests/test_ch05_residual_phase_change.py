@@ -1,0 +1,132 @@
+"""Chapter 05's module on small constructed frames."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from depthkit import stats
+from depthkit.chapters import HEADLINE_COLUMNS, PAPER_COLUMNS
+from depthkit.chapters import ch05_residual_phase_change as ch
+from depthkit.residual import UPDATE_STATS
+
+N_BLOCKS = 10
+
+
+def _updates(n_items: int = 12, knot: int = 5, seed: int = 0) -> pd.DataFrame:
+    """Per (item, block) statistics; log(block_rel) bends at ``knot``; the MLP update
+    is larger than attention in every block."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n_items):
+        for b in range(N_BLOCKS):
+            log_rel = -1.0 - 0.02 * b - 0.4 * max(b - knot, 0) + rng.normal(0, 0.01)
+            row = {s: 0.5 + rng.normal(0, 0.01) for s in UPDATE_STATS}
+            row.update(item=i, block=b, block_rel=np.exp(log_rel), attn_rel=0.2 + rng.normal(0, 0.01),
+                       mlp_rel=0.5 + rng.normal(0, 0.01), n_positions=10)
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _lens_frames(n_items: int = 12) -> tuple[pd.DataFrame, pd.DataFrame]:
+    layers = np.arange(N_BLOCKS + 1)
+    kl = pd.DataFrame(
+        [{"item": i, "layer": l, "kl": 5.0 if l < 6 else 5.0 * (N_BLOCKS - l) / 4, "lens": name}
+         for name in ("tuned", "logit") for i in range(n_items) for l in layers]
+    )
+    top = pd.DataFrame([{"item": i, "layer": l, "top10_share": 0.8 if l < 7 else 0.2} for i in range(n_items) for l in layers])
+    return kl, top
+
+
+def test_update_curves_cover_every_panel_with_intervals_over_passages():
+    curves = ch.update_curves(_updates(), n_boot=50, seed=0)
+    assert set(curves["stat"]) == set(ch.PANELS)
+    assert {"x", "mean", "lo", "hi", "n", "stat", "panel"} <= set(curves.columns)
+    assert (curves["n"] == 12).all()
+    assert (curves["lo"] <= curves["mean"] + 1e-12).all() and (curves["mean"] <= curves["hi"] + 1e-12).all()
+
+
+def test_no_interval_below_min_n_passages():
+    curves = ch.update_curves(_updates(n_items=stats.MIN_N - 1), n_boot=20, seed=0)
+    assert curves["lo"].isna().all() and curves["hi"].isna().all()
+
+
+def test_transitions_find_the_knot_and_append_patching():
+    kl, top = _lens_frames()
+    patching = pd.DataFrame([{"name": "patching transition (a→b)", "estimate": 3.0, "lo": 2.0, "hi": 4.0, "n": 8.0, "n_boot": np.nan}])
+    t = ch.transitions(_updates(), kl, top, "tuned", phase_curve="block_rel", top_tol=0.05, n_blocks=N_BLOCKS,
+                       patching=patching, n_boot=50, seed=0)
+    assert list(t.columns) == [*ch.TRANSITION_COLUMNS, "estimate / L"]
+    assert t["name"].iloc[0].startswith("ℓ*")
+    assert t["estimate"].iloc[0] == 5
+    assert t.set_index("name").loc["Top-10 share reaches its final level", "estimate"] == 7
+    assert t["name"].iloc[-1] == "patching transition (a→b)"
+    assert t["estimate / L"].iloc[-1] == pytest.approx(0.3)
+
+
+def test_patching_rows_keep_chapter_02_intervals():
+    pt = pd.DataFrame([
+        {"what": "patching transition", "direction": "sst2→mmlu", "transition_layer": 12, "lo": 10.0, "hi": 14.0, "n_pairs": 20},
+        {"what": "control", "direction": "x", "transition_layer": 1, "lo": 0.0, "hi": 2.0, "n_pairs": 20},
+    ])
+    rows = ch.patching_rows({"patching_transitions": pt})
+    assert list(rows["name"]) == ["patching transition (sst2→mmlu)"]
+    assert rows[["estimate", "lo", "hi", "n"]].iloc[0].tolist() == [12.0, 10.0, 14.0, 20.0]
+
+
+def test_mlp_vs_attention_interval_excludes_zero_and_prose_says_so():
+    u = _updates()
+    diff = ch.mlp_vs_attention(u, n_boot=50, seed=0)
+    assert (diff["lo"] > 0).all()
+    kl, top = _lens_frames()
+    t = ch.transitions(u, kl, top, "tuned", phase_curve="block_rel", top_tol=0.05, n_blocks=N_BLOCKS, n_boot=50, seed=0)
+    sens = ch.split_sensitivity(u, n_boot=20, seed=0)
+    text = ch.summary_text(t, sens, u, diff, model_name="m", n_passages=12, n_positions=120, phase_curve="block_rel")
+    assert "excludes zero in 8 blocks with the MLP larger and 0 with attention larger" in text
+    assert "no block-wise difference is claimed" not in text
+    assert "layer 5 (95 % CI" in text
+
+
+def test_summary_claims_no_blockwise_difference_without_intervals():
+    u = _updates(n_items=4)
+    diff = ch.mlp_vs_attention(u, n_boot=20, seed=0)
+    kl, top = _lens_frames(4)
+    t = ch.transitions(u, kl, top, "tuned", phase_curve="block_rel", top_tol=0.05, n_blocks=N_BLOCKS, n_boot=20, seed=0)
+    text = ch.summary_text(t, ch.split_sensitivity(u, n_boot=20, seed=0), u, diff, model_name="m",
+                           n_passages=4, n_positions=40, phase_curve="block_rel")
+    assert "no block-wise difference is claimed" in text
+    assert "cannot be measured here" in text
+
+
+def test_skip_text_describes_without_claiming_a_difference():
+    later = pd.DataFrame([{"skipped": s, "layer": N_BLOCKS, "rel_change": 0.1 * s} for s in range(N_BLOCKS)])
+    output = pd.DataFrame([{"skipped": s, "kl": float(s), "top1_agreement": 1 - 0.05 * s} for s in range(N_BLOCKS)])
+    text = ch.skip_text(later, output, split=5, n_passages=1, seconds=1.0)
+    assert "9 (KL 9.00 nats" in text
+    assert "Removing any one of 7 of 10 blocks" in text
+    assert "before ℓ\\* (5 blocks): 2.00 nats; from ℓ\\* on (5 blocks): 7.00 nats" in text
+    assert "no difference between the two sides of ℓ\\* is claimed" in text
+    assert "over 1 passage)" in text and "over 3 passages)" in ch.skip_text(later, output, split=5, n_passages=3, seconds=1.0)
+
+
+def test_headlines_read_the_transitions_table():
+    t = pd.DataFrame([
+        {"name": "ℓ* (two-segment fit, log block_rel)", "estimate": 12.0, "lo": 10.0, "hi": 14.0, "n": 24.0, "n_boot": 200.0},
+        {"name": "KL knee (tuned lens)", "estimate": 20.0, "lo": np.nan, "hi": np.nan, "n": 4.0, "n_boot": 20.0},
+    ])
+    out = ch.headlines({"transitions": t})
+    assert list(out.columns) == HEADLINE_COLUMNS
+    assert out["quantity"].tolist() == t["name"].tolist()
+    assert out["value"].tolist() == [12.0, 20.0]
+    assert (out["scale"] == "layer").all()
+    assert list(ch.PAPER.columns) == PAPER_COLUMNS
+
+
+def test_model_line_mentions_quantisation():
+    info = SimpleNamespace(name="m", n_blocks=30, d_model=576, d_vocab=49152, quantisation="4-bit", is_quantised=True)
+    assert "4-bit model" in ch.model_line(info, "tuned", "canonical")
+    plain = ch.model_line(SimpleNamespace(**{**info.__dict__, "is_quantised": False}), "logit", "authors")
+    assert "weights not quantised" in plain and "**authors**" in plain

@@ -1,0 +1,138 @@
+"""Chapter 06's module on small constructed frames."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+
+from depthkit import stats
+from depthkit.chapters import HEADLINE_COLUMNS, PAPER_COLUMNS
+from depthkit.chapters import ch06_depth_score as ch
+
+WORDS = [("DET", 0.1), ("ADP", 0.15), ("NOUN", 0.5), ("VERB", 0.55), ("INTJ", 0.3)]
+
+
+def _scores(n_items: int = 12, per_item: int = 20, gap: float = 0.4, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Scores and tags: content words (NOUN, VERB) ``gap`` later than function words
+    (DET, ADP); every fifth token wrong, every seventh not a first piece."""
+    rng = np.random.default_rng(seed)
+    rows, tags = [], []
+    for i in range(n_items):
+        for t in range(per_item):
+            tag, base = WORDS[t % len(WORDS)]
+            d1 = base + (gap - 0.4) * (tag in ("NOUN", "VERB")) + rng.normal(0, 0.02)
+            rows.append({"item": i, "position": t, "d1_norm": d1, "d_sat_norm": min(d1 + 0.3, 1.0),
+                         "flips_norm": 0.1, "correct": t % 5 != 4, "bucket": "top-10" if t % 2 else "rest"})
+            tags.append({"item": i, "position": t, "pos": tag, "first_piece": t % 7 != 6})
+    return pd.DataFrame(rows), pd.DataFrame(tags)
+
+
+def test_group_depths_resample_passages_not_tokens():
+    scores, _ = _scores(n_items=stats.MIN_N - 1, per_item=50)
+    out = ch.group_depths(scores, "bucket", n_boot=50, seed=0)
+    assert set(out["measure"]) == set(ch.MEASURES)
+    assert (out["n"] == stats.MIN_N - 1).all() and (out["n_rows"] == 225).all()
+    assert out["lo"].isna().all()  # 450 tokens, but only 9 passages: no interval
+    enough = ch.group_depths(_scores()[0], "bucket", n_boot=50, seed=0)
+    assert (enough["lo"] <= enough["estimate"]).all() and (enough["estimate"] <= enough["hi"]).all()
+
+
+def test_pos_tables_keep_correct_first_pieces_of_frequent_tags():
+    scores, tags = _scores()
+    tagged, kept, pos_summary, class_summary = ch.pos_tables(scores, tags, min_group=10, n_boot=20, seed=0)
+    assert len(tagged) == len(scores)
+    assert kept["correct"].all() and kept["first_piece"].all()
+    assert "INTJ" not in set(kept["pos"])  # every INTJ token is wrong (t % 5 == 4)
+    assert set(class_summary["word_class"]) == {"function", "content"}
+    assert set(pos_summary["pos"]) == {"DET", "ADP", "NOUN", "VERB"}
+    none = ch.pos_tables(scores, tags, min_group=10_000, n_boot=20, seed=0)
+    assert none[2].empty and none[3].empty
+
+
+def test_class_difference_is_a_finding_only_when_its_interval_excludes_zero():
+    scores, tags = _scores(gap=0.4)
+    _, kept, _, cls = ch.pos_tables(scores, tags, min_group=10, n_boot=50, seed=0)
+    gap = ch.class_difference(kept, n_boot=200, seed=0)
+    assert gap.n == 12 and gap.lo > 0.3 and abs(gap.estimate - 0.4) < 0.05
+    buckets = ch.group_depths(scores, "bucket", n_boot=50, seed=0)
+    assert "content words are 0.40 L later than function words" in ch.groups_text(buckets, cls, gap, scores)
+    scores0, tags0 = _scores(gap=0.0)
+    _, kept0, _, cls0 = ch.pos_tables(scores0, tags0, min_group=10, n_boot=50, seed=0)
+    gap0 = ch.class_difference(kept0, n_boot=200, seed=0)
+    text = ch.groups_text(buckets, cls0, gap0, scores0)
+    assert "no clear difference between content words and function words" in text
+
+
+def test_groups_text_without_both_classes():
+    scores, _ = _scores()
+    buckets = ch.group_depths(scores, "bucket", n_boot=20, seed=0)
+    empty = pd.DataFrame(columns=["word_class", *ch.GROUP_COLUMNS])
+    text = ch.groups_text(buckets, empty, stats.CI(np.nan, np.nan, np.nan, 0), scores)
+    assert "Too few correctly predicted" in text
+
+
+def test_dtr_text_has_no_interval_from_few_passages():
+    scores, _ = _scores(n_items=4)
+    dtr = ch.dtr_table(scores, 0.85)
+    assert list(dtr.columns) == ["item", "n_tokens", "n_deep", "dtr", "accuracy"]
+    assert "cannot be measured here" in ch.dtr_text(dtr, 0.85, n_boot=20, seed=0)
+    many = ch.dtr_table(_scores(n_items=12)[0].assign(d_sat_norm=lambda d: np.where(d["position"] < 5, 0.9, 0.5)), 0.85)
+    text = ch.dtr_text(many, 0.85, n_boot=50, seed=0)
+    assert "**25.0% (95 % CI 25.0–25.0%)**" in text and "over the 12 passages" in text
+
+
+def test_verify_text_counts_passages():
+    v = pd.DataFrame({"n_tokens": [30, 30], "same_as_simulated": [1.0, 0.95]})
+    assert "30 tokens of 1 passage, " in ch.verify_text(v, 1, 2.0) and "at least 95.00%" in ch.verify_text(v, 1, 2.0)
+    assert "of 2 passages," in ch.verify_text(v, 2, 2.0)
+
+
+def _saving(conf: float) -> pd.DataFrame:
+    return pd.DataFrame({"policy": list(ch.POLICIES), "target": 0.99, "param": [0.9 if conf == conf else np.nan, 20, np.nan, np.nan],
+                         "agreement": 0.99, "frac_layers": [1 - conf, 0.7, 0.6, 0.5], "saving": [conf, 0.3, 0.4, 0.5]})
+
+
+def test_exit_text_and_verify_taus():
+    info = SimpleNamespace(name="m", n_blocks=30, d_model=10, d_vocab=1000)
+    sweep = pd.DataFrame({"policy": ["confidence"] * 2, "param": [0.5, 0.999]})
+    text = ch.exit_text(_saving(np.nan), sweep, target=0.99, info=info, block_params=100)
+    assert "never reaches this agreement" in text and "up to 0.999" in text and "costs more" in text
+    assert "save **20%**" in ch.exit_text(_saving(0.2), sweep, target=0.99, info=info, block_params=100_000)
+    assert ch.verify_taus(_saving(0.2), [0.5]) == [0.5, 0.9]
+    assert ch.verify_taus(_saving(np.nan), [0.9, 0.5]) == [0.5, 0.9]
+
+
+def test_first_passages_cut_every_table():
+    @dataclass
+    class T:
+        steps: pd.DataFrame
+        topk: pd.DataFrame
+        targets: pd.DataFrame
+        lens: str
+
+    df = pd.DataFrame({"item": [0, 1, 2, 2], "x": range(4)})
+    cut = ch.first_passages(T(df, df, df, "tuned"), 2)
+    assert cut.steps["item"].tolist() == [0, 1] and cut.targets.index.tolist() == [0, 1] and cut.lens == "tuned"
+
+
+def test_headline_table_and_headlines_keep_chapter_07_names():
+    scores, _ = _scores()
+    dtr = ch.dtr_table(scores, 0.85)
+    table = ch.headline_table(scores, dtr, _saving(0.2), 0.99, n_boot=50, seed=0)
+    assert table["quantity"].tolist() == [
+        "mean onset depth d1/L", "mean saturation depth d_sat/L", "mean flips / L", "mean deep-thinking ratio",
+        "block saving at 99% agreement, confidence policy", "block saving at 99% agreement, fixed exit",
+        "block saving at 99% agreement, oracle (d_sat)", "block saving at 99% agreement, oracle (d_1)",
+    ]
+    assert table["value"].iloc[0] == scores["d1_norm"].mean() and (table["n"] == 12).all()
+    assert table["lo"].iloc[0] < table["value"].iloc[0] < table["hi"].iloc[0]
+    out = ch.headlines({"headline": table})
+    assert list(out.columns) == HEADLINE_COLUMNS
+    assert out["scale"].tolist() == ["other"] * 3 + ["share"] * 5
+    assert out["value"].iloc[4] == 0.2
+    # Runs saved before the intervals existed have quantity and value only.
+    old = ch.headlines({"headline": table[["quantity", "value"]]})
+    assert old["lo"].isna().all() and list(ch.PAPER.columns) == PAPER_COLUMNS
