@@ -27,7 +27,7 @@ def estimate(value: float, lo: float = math.nan, hi: float = math.nan, *, digits
     without an interval; ``"—"`` without an estimate. ``unit`` follows each number."""
     if not _finite(value):
         return "—"
-    u = f" {unit}" if unit and not unit.startswith("%") else unit
+    u = f" {unit.strip()}" if unit.strip() else ""
     shown = f"{value:.{digits}f}{u}"
     if not _finite(lo, hi):
         return f"{shown} ({NO_INTERVAL})"
@@ -37,7 +37,7 @@ def estimate(value: float, lo: float = math.nan, hi: float = math.nan, *, digits
 def share(value: float, lo: float = math.nan, hi: float = math.nan, *, digits: int = 1) -> str:
     """A proportion in per cent with its interval: ``"86.0 % (95 % CI 82.5–89.5 %)"``."""
     scale = [x * 100 if _finite(x) else math.nan for x in (value, lo, hi)]
-    return estimate(*scale, digits=digits, unit=" %")
+    return estimate(*scale, digits=digits, unit="%")
 
 
 def layer(value: float, lo: float = math.nan, hi: float = math.nan, *, n_blocks: int | None = None) -> str:
