@@ -13,7 +13,7 @@ import pytest
 import yaml
 from conftest import ToyChapter, toy_notebook
 
-from depthkit import book, cli, plots
+from depthkit import book, book_site, cli, plots
 from depthkit.chapters import CHAPTERS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -237,11 +237,11 @@ def test_repository_toc_lists_every_chapter_in_registry_order() -> None:
 
 def test_build_toc_keeps_order_and_drops_empty_part(tmp_path: Path) -> None:
     (tmp_path / "_toc.yml").write_text((REPO / "_toc.yml").read_text())
-    toc = yaml.safe_load(book.write_build_toc(tmp_path, ["03_fact_recall", "01_guess_then_refine"], tmp_path / "b.yml").read_text())
+    toc = yaml.safe_load(book_site.write_build_toc(tmp_path, ["03_fact_recall", "01_guess_then_refine"], tmp_path / "b.yml").read_text())
     chapters = next(p for p in toc["parts"] if p["caption"] == "Chapters")["chapters"]
     assert chapters == [{"file": "book/chapters/03_fact_recall"}, {"file": "book/chapters/01_guess_then_refine"}]
     assert toc["root"] == "book/intro"
-    empty = yaml.safe_load(book.write_build_toc(tmp_path, [], tmp_path / "c.yml").read_text())
+    empty = yaml.safe_load(book_site.write_build_toc(tmp_path, [], tmp_path / "c.yml").read_text())
     assert "Chapters" not in [p["caption"] for p in empty["parts"]]
     assert any(e["file"] == "book/own_model" for p in empty["parts"] for e in p["chapters"])
 
