@@ -348,15 +348,15 @@ class Run:
 
 
 def _chapter_folder(model_dir: Path, chapter: str) -> str:
-    """A chapter given as its id ("01") names its slug's folder."""
-    if (model_dir / chapter).exists():
+    """A chapter given as its id ("01") names its slug's folder ("01_guess_then_refine"):
+    the one saved folder (or trash folder left by an interrupted run) whose name is
+    the id, an underscore and a name. Found on disk rather than in
+    :mod:`depthkit.chapters`, which builds on this module (no import circle)."""
+    if (model_dir / chapter).exists() or not chapter.isdigit():
         return chapter
-    try:
-        from depthkit.chapters import chapter as lookup
-
-        return lookup(chapter).slug
-    except (ImportError, KeyError):
-        return chapter
+    names = {p.name for p in model_dir.glob(f"{chapter}_*") if p.is_dir()}
+    names |= {p.name[1:].split(".trash-")[0] for p in model_dir.glob(f".{chapter}_*.trash-*") if p.is_dir()}
+    return names.pop() if len(names) == 1 else chapter
 
 
 def load_run(model: Any, chapter: str, root: str | os.PathLike[str] | None = None) -> Run:
