@@ -9,13 +9,17 @@
 
 from depthkit import data, frequency
 from depthkit.chapters import check_chapter_params, model_options
-from depthkit.lenses import Lens, LogitLens, layer_plan, resolve_lens
+from depthkit.capture import Item
+from depthkit.lens_store import resolve_lens
+from depthkit.lenses import DEFAULT_LENS, Lens, LogitLens, layer_plan
 from depthkit.models import DEFAULT_MODEL, ModelInfo, ModelLoadError, available_models, load_model, model_info
 from depthkit.params import Param, ParameterError, check_params
 from depthkit.results import RunRecorder, list_runs, load_run
-from depthkit.trajectories import Item, Trajectories, answer_token_ids, encode, make_items, trajectories
+from depthkit.trajectories import Trajectories, answer_token_ids, encode, make_items, trajectories
+from depthkit.tuned_lens import lens_for
 
 __all__ = [
+    "DEFAULT_LENS",
     "DEFAULT_MODEL",
     "Item",
     "Lens",
@@ -36,6 +40,7 @@ __all__ = [
     "available_models",
     "encode",
     "layer_plan",
+    "lens_for",
     "load_model",
     "make_items",
     "model_info",

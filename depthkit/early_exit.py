@@ -24,8 +24,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from depthkit.lenses import Lens, resolve_lens
-from depthkit.trajectories import Item, Trajectories, batch_tensors, make_items
+from depthkit.capture import Item, batch_tensors
+from depthkit.lens_store import resolve_lens
+from depthkit.lenses import DEFAULT_LENS, Lens
+from depthkit.trajectories import Trajectories, make_items
 
 
 @torch.no_grad()
@@ -34,7 +36,7 @@ def exit_logits(
     prompts: Sequence[str] | Sequence[Item],
     layer: int,
     *,
-    lens: str | Lens = "tuned",
+    lens: str | Lens = DEFAULT_LENS,
     **lens_kwargs,
 ) -> Float[Tensor, "position d_vocab"]:
     """Logits of an early exit at ``layer`` for the positions of interest of

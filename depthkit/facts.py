@@ -24,7 +24,8 @@ import numpy as np
 import pandas as pd
 
 from depthkit import data as dkdata
-from depthkit.lenses import Lens, resolve_lens
+from depthkit.lens_store import resolve_lens
+from depthkit.lenses import DEFAULT_LENS, Lens
 from depthkit.trajectories import Item, answer_token_ids, encode, trajectories
 
 FACTS_PATH = Path(__file__).resolve().parent / "datafiles" / "facts.jsonl"
@@ -139,7 +140,7 @@ def answer_ranks(
     model,
     facts: pd.DataFrame,
     *,
-    lens: str | Lens = "tuned",
+    lens: str | Lens = DEFAULT_LENS,
     convention: str = "canonical",
     max_tokens: int = 3,
     batch_size: int = 16,

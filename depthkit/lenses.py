@@ -7,17 +7,24 @@ model's own logits.
 
 Every lens reads out through the model's own final norm and unembedding; the
 logit lens does nothing else, the tuned lens (:mod:`depthkit.tuned_lens`) first
-applies a learned affine *translator* per layer.
+applies a learned affine *translator* per layer (:class:`TunedLens`; training
+and storage live in :mod:`depthkit.lens_training` and :mod:`depthkit.lens_store`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
+import pandas as pd
 import torch
 from jaxtyping import Float
 from torch import Tensor
+
+# The lens every engine call uses unless told otherwise (trajectories, mcq, facts,
+# early_exit). A tuned lens is asked for explicitly: see depthkit.tuned_lens.lens_for.
+DEFAULT_LENS = "logit"
 
 Convention = Literal["canonical", "authors"]
 CONVENTIONS: tuple[str, ...] = ("canonical", "authors")
@@ -49,13 +56,55 @@ def layer_plan(n_blocks: int, convention: Convention = "canonical") -> list[Laye
     raise ValueError(f"Unknown layer convention {convention!r}; choose one of {', '.join(CONVENTIONS)}.")
 
 
+class Readout:
+    """The model's own readout: final norm, unembedding and, where the architecture
+    has one, the final logit soft-cap; logits are float32.
+
+    ``dtype=None`` (what :meth:`Lens.readout` uses) calls the model's own unembedding
+    module, so the readout of the final residual *is* the model's logits. With a
+    ``dtype`` (training and held-out metrics), the unembedding is held as a
+    contiguous copy in that dtype (TransformerBridge exposes W_U as a transposed
+    view, which is several times slower to multiply with on CPU); choose the dtype
+    with :func:`depthkit.precision.matmul_dtype`. The norm is always the model's own
+    module, so every architecture is covered.
+    """
+
+    def __init__(self, model, dtype: torch.dtype | None = None) -> None:
+        cfg = getattr(getattr(model, "original_model", None), "config", None)
+        self.softcap = float(getattr(cfg, "final_logit_softcapping", None) or 0.0)
+        self.norm = model.ln_final
+        self.unembed = model.unembed
+        W = model.unembed.W_U.detach()  # [d_model, d_vocab]
+        self.norm_dtype = W.dtype  # the model's own precision
+        self.dtype = dtype
+        self.W: Tensor | None = None
+        self.b: Tensor | None = None
+        if dtype is not None:
+            self.W = W.to(dtype).contiguous()
+            b = getattr(model.unembed, "b_U", None)
+            self.b = None if b is None or not bool(b.detach().abs().sum() > 0) else b.detach().float()
+
+    def __call__(self, h: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_vocab"]:
+        # Residuals are captured in float32; a bfloat16/float16 model reads them in its
+        # own precision, and logits are float32 whatever the model's dtype.
+        x = self.norm(h.to(self.norm_dtype))
+        if self.W is None:
+            z = self.unembed(x).float()
+        else:
+            z = (x.to(self.dtype) @ self.W).float()
+            if self.b is not None:
+                z = z + self.b
+        if self.softcap > 0:
+            z = torch.tanh(z / self.softcap) * self.softcap
+        return z
+
+
 class Lens(torch.nn.Module):
     """Base class: ``lens(h, translator)`` gives logits from residual vectors.
 
     Subclasses override :meth:`translate`; the readout is shared and is the model's
-    own (final norm, unembedding and, where the architecture has one, the final
-    logit soft-cap), so that the plain readout of the final residual equals the
-    model's logits.
+    own (:class:`Readout`), so that the plain readout of the final residual equals
+    the model's logits.
     """
 
     name = "lens"
@@ -65,9 +114,8 @@ class Lens(torch.nn.Module):
         # Plain attributes (not submodules): the lens must not own, save or train the
         # model's parameters.
         object.__setattr__(self, "_model", model)
-        cfg = getattr(model, "original_model", None)
-        cfg = getattr(cfg, "config", None)
-        self.softcap = float(getattr(cfg, "final_logit_softcapping", None) or 0.0)
+        object.__setattr__(self, "_readout", Readout(model))
+        self.softcap = self._readout.softcap
         self.n_blocks = int(model.cfg.n_layers)
         self.d_model = int(model.cfg.d_model)
         self.d_vocab = int(model.cfg.d_vocab)
@@ -80,12 +128,7 @@ class Lens(torch.nn.Module):
         return h
 
     def readout(self, h: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_vocab"]:
-        # Residuals are captured in float32; a bfloat16/float16 model reads them in its
-        # own precision, and lens logits are float32 whatever the model's dtype.
-        logits = self._model.unembed(self._model.ln_final(h.to(self._model.unembed.W_U.dtype))).float()
-        if self.softcap > 0:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logits
+        return self._readout(h)
 
     def forward(self, h: Float[Tensor, "... d_model"], translator: int | None) -> Float[Tensor, "... d_vocab"]:
         return self.readout(self.translate(h, translator))
@@ -97,18 +140,37 @@ class LogitLens(Lens):
     name = "logit"
 
 
-def resolve_lens(model, lens: str | Lens = "logit", **kwargs) -> Lens:
-    """Accept a lens object or a name (``"logit"``, ``"tuned"``) and return a lens.
+class TunedLens(Lens):
+    """Logit lens plus one learned affine translator per layer ℓ < L.
 
-    ``"tuned"`` loads a saved tuned lens for this model, training one if none fits
-    (see :func:`depthkit.tuned_lens.get_tuned_lens`; ``kwargs`` go there).
+    ``A``: [L, d_model, d_model], ``b``: [L, d_model]; translator ℓ maps
+    ``h ↦ h + h @ A[ℓ].T + b[ℓ]``. Both start at zero, so an untrained tuned lens
+    *is* the logit lens. The model stays a plain attribute (see :class:`Lens`):
+    ``state_dict()`` holds only ``A`` and ``b``.
     """
-    if isinstance(lens, Lens):
-        return lens
-    if lens == "logit":
-        return LogitLens(model)
-    if lens == "tuned":
-        from depthkit.tuned_lens import get_tuned_lens
 
-        return get_tuned_lens(model, **kwargs)
-    raise ValueError(f"Unknown lens {lens!r}; choose 'logit' or 'tuned', or pass a Lens object.")
+    name = "tuned"
+
+    def __init__(self, model) -> None:
+        super().__init__(model)
+        L, d = self.n_blocks, self.d_model
+        self.A = torch.nn.Parameter(torch.zeros(L, d, d))
+        self.b = torch.nn.Parameter(torch.zeros(L, d))
+        self.meta: dict[str, Any] = {}  # sidecar of a trained/saved lens
+        self.path: Path | None = None  # where it was loaded from or saved to
+
+    def translate(self, h: Float[Tensor, "... d_model"], translator: int | None) -> Float[Tensor, "... d_model"]:
+        if translator is None:
+            return h
+        if not 0 <= int(translator) < self.n_blocks:
+            raise ValueError(f"Translator {translator} does not exist; a tuned lens has translators 0..{self.n_blocks - 1}.")
+        A, b = self.A[translator], self.b[translator]
+        return h + torch.nn.functional.linear(h.to(A.dtype), A, b)
+
+    def heldout(self) -> pd.DataFrame:
+        """Held-out per-layer metrics recorded at training time, tidy: layer, lens
+        ("logit" | "tuned"), kl (nats), top1_agreement."""
+        rows = self.meta.get("heldout")
+        if not rows:
+            raise ValueError("This lens has no held-out metrics (it was not trained or loaded from a sidecar).")
+        return pd.DataFrame(rows)

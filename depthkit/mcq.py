@@ -54,7 +54,8 @@ import numpy as np
 import pandas as pd
 
 from depthkit import data as dkdata
-from depthkit.lenses import Lens, resolve_lens
+from depthkit.lens_store import resolve_lens
+from depthkit.lenses import DEFAULT_LENS, Lens
 from depthkit.stats import LEVEL, MIN_N
 from depthkit.trajectories import Trajectories, answer_token_ids, trajectories
 
@@ -276,7 +277,7 @@ def option_ranks(
     model,
     prompts: pd.DataFrame,
     *,
-    lens: str | Lens = "tuned",
+    lens: str | Lens = DEFAULT_LENS,
     convention: str = "canonical",
     batch_size: int = 8,
     progress: bool = True,

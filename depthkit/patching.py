@@ -13,8 +13,8 @@ positions of the target are unaffected; the patched vector is read again by ever
 block after ℓ, with the target's own context around it.
 
 Every (pair, layer) is one row of a batched forward pass: rows are sorted by
-length and padded on the right (with an attention mask, as in
-:func:`depthkit.trajectories.collect_residuals`), and the readout at the last
+length and padded on the right (with an attention mask; the runs themselves are
+:func:`depthkit.capture.patched_final_residuals`), and the readout at the last
 position goes through the model's own final norm and unembedding.
 """
 
@@ -27,11 +27,11 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 from torch import Tensor
-from tqdm.auto import tqdm
 
+from depthkit.capture import Item, check_layers, patched_final_residuals, residual_rows
 from depthkit.lenses import LogitLens
 from depthkit.stats import LEVEL, MIN_N
-from depthkit.trajectories import Item, TokenNames, _pad_id, collect_residuals, encode, residual_hook_names
+from depthkit.trajectories import TokenNames, encode
 from depthkit.models import tokenizer_of
 
 CLASSES = ("target-option", "source-option", "other")
@@ -49,14 +49,6 @@ def _ids(model, x: TokensLike) -> list[int]:
     return ids
 
 
-def _check_layers(layers: Sequence[int], n_blocks: int) -> list[int]:
-    out = [int(l) for l in layers]
-    bad = [l for l in out if not 0 <= l <= n_blocks]
-    if bad:
-        raise ValueError(f"Layers {bad} are outside 0..{n_blocks} (0 = embeddings, {n_blocks} = final residual).")
-    return out
-
-
 @torch.no_grad()
 def patched_logits(
     model,
@@ -70,53 +62,11 @@ def patched_logits(
     """Next-token logits at the last position of each target after writing
     ``vectors[r]`` into the residual stream of ``targets[r]`` at layer ``layers[r]``
     (last position). Rows are independent; results keep the input order."""
-    n = len(targets)
-    if not (len(layers) == n == vectors.shape[0]):
-        raise ValueError(f"Give one layer and one vector per target: {n} targets, {len(layers)} layers, {vectors.shape[0]} vectors.")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
-    n_blocks = int(model.cfg.n_layers)
-    layers = _check_layers(layers, n_blocks)
-    names = residual_hook_names(n_blocks)
-    device = next(model.parameters()).device
+    h = patched_final_residuals(model, targets, layers, vectors, batch_size=batch_size, progress=progress)
     readout = LogitLens(model).readout
-    order = sorted(range(n), key=lambda r: len(targets[r]))
-    out = torch.empty((n, int(model.cfg.d_vocab)), dtype=torch.float32)
-    bar = tqdm(total=n, desc="patching", unit="run", disable=not progress, leave=False)
-    for start in range(0, n, batch_size):
-        rows = order[start : start + batch_size]
-        width = max(len(targets[r]) for r in rows)
-        tokens = torch.full((len(rows), width), _pad_id(model), dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for b, r in enumerate(rows):
-            tokens[b, : len(targets[r])] = torch.tensor(list(targets[r]))
-            mask[b, : len(targets[r])] = 1
-        last = torch.tensor([len(targets[r]) - 1 for r in rows], device=device)
-        batch_layers = np.array([layers[r] for r in rows])
-        vec = vectors[rows].to(device=device)
-        final: dict[str, Tensor] = {}
-
-        def hook_for(depth: int):
-            sel = torch.tensor(np.flatnonzero(batch_layers == depth), device=device, dtype=torch.long)
-
-            def hook(x, hook):  # noqa: ARG001 - TransformerLens hook signature
-                if len(sel):
-                    x = x.clone()
-                    x[sel, last[sel]] = vec[sel].to(x.dtype)
-                if depth == n_blocks:
-                    # The patch (if any) comes first, so a layer-L patch is what is read out.
-                    final["h"] = x[torch.arange(len(rows), device=device), last].float()
-                return x
-
-            return hook
-
-        depths = sorted(set(batch_layers.tolist()) | {n_blocks})
-        model.run_with_hooks(
-            tokens.to(device), attention_mask=mask.to(device), fwd_hooks=[(names[d], hook_for(d)) for d in depths], logits_to_keep=1
-        )
-        out[rows] = readout(final["h"]).float().cpu()
-        bar.update(len(rows))
-    bar.close()
+    out = torch.empty((len(targets), int(model.cfg.d_vocab)), dtype=torch.float32)
+    for s in range(0, len(targets), batch_size):  # vocabulary-sized products a batch at a time
+        out[s : s + batch_size] = readout(h[s : s + batch_size]).float().cpu()
     return out
 
 
@@ -172,7 +122,7 @@ def patching_sweep(
     if len(targets) == 0:
         raise ValueError("No pairs given.")
     n_blocks = int(model.cfg.n_layers)
-    layers = list(range(n_blocks + 1)) if layers is None else _check_layers(layers, n_blocks)
+    layers = list(range(n_blocks + 1)) if layers is None else check_layers(layers, n_blocks)
     n = len(targets)
     t_opts = _option_sets(target_options, n, "target_options")
     s_opts = _option_sets(source_options, n, "source_options")
@@ -181,18 +131,8 @@ def patching_sweep(
     readout = LogitLens(model).readout
 
     depths = sorted(set(layers) | {n_blocks})
-    src_resid = []  # [depth, pair, d_model] per batch
-    for start in range(0, n, batch_size):
-        chunk = [Item(ids, [len(ids) - 1]) for ids in src_ids[start : start + batch_size]]
-        src_resid.append(collect_residuals(model, chunk, depths))
-    src_resid_t = torch.cat(src_resid, 1)
-    tgt_final = torch.cat(
-        [
-            collect_residuals(model, [Item(ids, [len(ids) - 1]) for ids in tgt_ids[s : s + batch_size]], [n_blocks])
-            for s in range(0, n, batch_size)
-        ],
-        1,
-    )[0]
+    src_resid_t = residual_rows(model, [Item(ids, [len(ids) - 1]) for ids in src_ids], depths, batch_size=batch_size)
+    tgt_final = residual_rows(model, [Item(ids, [len(ids) - 1]) for ids in tgt_ids], [n_blocks], batch_size=batch_size)[0]
     src_out = readout(src_resid_t[depths.index(n_blocks)]).argmax(-1).cpu().numpy()
     tgt_out = readout(tgt_final).argmax(-1).cpu().numpy()
 

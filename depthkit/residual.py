@@ -33,7 +33,8 @@ from tqdm.auto import tqdm
 
 from depthkit.lenses import LogitLens
 from depthkit.stats import MIN_N, LayerEstimate, curve_estimate, two_segment_fit
-from depthkit.trajectories import Item, Trajectories, batch_tensors, encode
+from depthkit.capture import Item, collect_residuals, length_batches, map_blocks
+from depthkit.trajectories import Trajectories, encode
 
 
 # ---------------------------------------------------------------------------
@@ -83,13 +84,6 @@ def passage_items(
             f"All {len(texts)} texts are shorter than min_tokens={min_tokens} tokens; lower min_tokens or pass longer texts."
         )
     return items
-
-
-def _batches(items: Sequence[Item], batch_size: int) -> list[list[int]]:
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
-    order = sorted(range(len(items)), key=lambda i: len(items[i].tokens))
-    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
 # ---------------------------------------------------------------------------
@@ -151,39 +145,9 @@ def update_stats(model, items: Sequence[Item], *, batch_size: int = 8, progress:
     n_blocks = int(model.cfg.n_layers)
     frames = []
     bar = tqdm(total=len(items), desc="update norms", unit="text", disable=not progress, leave=False)
-    for batch in _batches(items, batch_size):
+    for batch in length_batches(items, batch_size):
         chunk = [items[i] for i in batch]
-        tokens, mask, bi, pi = batch_tensors(model, chunk)
-        held: dict[str, Tensor] = {}
-        sums: dict[int, dict[str, Tensor]] = {}
-
-        def keep(key: str):
-            def hook(x, hook):  # noqa: ARG001 - TransformerLens hook signature
-                held[key] = x[bi, pi].detach().float()
-                return x
-
-            return hook
-
-        def finish(block: int):
-            def hook(x, hook):  # noqa: ARG001
-                sums[block] = update_stats_from_residuals(held.pop("pre"), held.pop("mid"), x[bi, pi].detach().float())
-                return x
-
-            return hook
-
-        hooks = []
-        for b in range(n_blocks):
-            hooks += [
-                (f"blocks.{b}.hook_resid_pre", keep("pre")),
-                (f"blocks.{b}.hook_resid_mid", keep("mid")),
-                (f"blocks.{b}.hook_resid_post", finish(b)),
-            ]
-        model.run_with_hooks(tokens, attention_mask=mask, fwd_hooks=hooks, logits_to_keep=1)
-        if len(sums) != n_blocks:
-            raise RuntimeError(
-                f"Only {len(sums)} of {n_blocks} blocks reported their residuals; this architecture's bridge does not "
-                "populate hook_resid_pre/mid/post on every block."
-            )
+        sums = map_blocks(model, chunk, lambda b, pre, mid, post: update_stats_from_residuals(pre, mid, post))
         item_of_row = np.repeat(np.array(batch), [len(it.positions) for it in chunk])
         for b in range(n_blocks):
             df = pd.DataFrame({k: v.cpu().numpy() for k, v in sums[b].items()})
@@ -281,49 +245,17 @@ def skip_block_effects(
         if not 0 <= b < n_blocks:
             raise ValueError(f"Block {b} does not exist; the model has blocks 0..{n_blocks - 1}.")
     readout = LogitLens(model).readout
-    names = [f"blocks.{i}.hook_resid_pre" for i in range(n_blocks)] + [f"blocks.{n_blocks - 1}.hook_resid_post"]
     change_sum = torch.zeros(len(blocks), n_blocks + 1, dtype=torch.float64)
     kl_sum = torch.zeros(len(blocks), dtype=torch.float64)
     agree_sum = torch.zeros(len(blocks), dtype=torch.float64)
     n_pos = 0
     bar = tqdm(total=len(items) * len(blocks), desc="skip blocks", unit="pass", disable=not progress, leave=False)
-    for batch in _batches(items, batch_size):
+    for batch in length_batches(items, batch_size):
         chunk = [items[i] for i in batch]
-        tokens, mask, bi, pi = batch_tensors(model, chunk)
-
-        def run(extra_hooks: list) -> Tensor:
-            got: dict[int, Tensor] = {}
-
-            def grab(d: int):
-                def hook(x, hook):  # noqa: ARG001
-                    got[d] = x[bi, pi].detach().float()
-                    return x
-
-                return hook
-
-            model.run_with_hooks(
-                tokens,
-                attention_mask=mask,
-                fwd_hooks=extra_hooks + [(names[d], grab(d)) for d in range(n_blocks + 1)],
-                logits_to_keep=1,
-            )
-            return torch.stack([got[d] for d in range(n_blocks + 1)])
-
-        base = run([])
+        base = collect_residuals(model, chunk)
         base_norm = base.double().norm(dim=-1)
         for j, b in enumerate(blocks):
-            stash: dict[str, Tensor] = {}
-
-            def save_in(x, hook):  # noqa: ARG001
-                stash["h"] = x.clone()
-                return x
-
-            def drop_update(x, hook):  # noqa: ARG001
-                return stash.pop("h")
-
-            # Hooks run in registration order per name; the replacement must be
-            # registered before the grab on the same hook point reads it.
-            skipped = run([(f"blocks.{b}.hook_resid_pre", save_in), (f"blocks.{b}.hook_resid_post", drop_update)])
+            skipped = collect_residuals(model, chunk, skip_block=b)
             rel = (skipped.double() - base.double()).norm(dim=-1) / base_norm
             change_sum[j] += rel.sum(-1)
             kl, agree = _chunked_kl_agree(readout, base[-1], skipped[-1], budget_mb)

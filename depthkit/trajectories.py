@@ -19,7 +19,7 @@ vocabulary-sized logits exist only for a chunk of positions at a time
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -29,40 +29,32 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from depthkit.lenses import Convention, Lens, LayerStep, layer_plan, resolve_lens
+from depthkit.capture import Item, batch_tensors, collect_residuals, length_batches, residual_hook_names
+from depthkit.lens_store import resolve_lens
+from depthkit.lenses import DEFAULT_LENS, Convention, Lens, LayerStep, layer_plan
 from depthkit.models import ModelInfo, model_info, tokenizer_of
+
+# Item, batch_tensors, collect_residuals and residual_hook_names live in
+# depthkit.capture; they are importable from here too, as before.
+__all__ = [
+    "Item",
+    "PromptTooLongError",
+    "Trajectories",
+    "answer_token_ids",
+    "batch_tensors",
+    "collect_residuals",
+    "decode_residuals",
+    "encode",
+    "make_items",
+    "residual_hook_names",
+    "trajectories",
+]
 
 Overflow = Literal["error", "truncate"]
 
 
 class PromptTooLongError(ValueError):
     """A prompt exceeds the model's context window."""
-
-
-@dataclass
-class Item:
-    """One input sequence and what to read from it.
-
-    ``positions``: token positions whose next-token prediction is decoded.
-    ``targets``: name → one token id per position (e.g. ``{"gold": [...]}``).
-    """
-
-    tokens: list[int]
-    positions: list[int]
-    targets: dict[str, list[int]] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        n = len(self.tokens)
-        if n == 0:
-            raise ValueError("An item has no tokens: the prompt is empty after tokenisation. Remove empty prompts.")
-        for p in self.positions:
-            if not 0 <= p < n:
-                raise ValueError(f"Position {p} is outside a sequence of {n} tokens.")
-        for name, ids in self.targets.items():
-            if len(ids) != len(self.positions):
-                raise ValueError(
-                    f"Target {name!r} has {len(ids)} token ids for {len(self.positions)} positions; give one per position."
-                )
 
 
 def encode(model, text: str, *, on_overflow: Overflow = "error", max_tokens: int | None = None) -> list[int]:
@@ -178,75 +170,6 @@ class Trajectories:
 def _context(model) -> int:
     info = getattr(model, "depthkit_info", None)
     return int(info.n_ctx if info else model.cfg.n_ctx)
-
-
-def _pad_id(model) -> int:
-    tok = tokenizer_of(model)
-    for v in (tok.pad_token_id, tok.eos_token_id, 0):
-        if v is not None:
-            return int(v)
-    return 0
-
-
-def batch_tensors(model, items: Sequence[Item]):
-    """Right-padded token ids, attention mask, and (batch, position) indices of the
-    positions of interest, item by item."""
-    device = next(model.parameters()).device
-    width = max(len(it.tokens) for it in items)
-    tokens = torch.full((len(items), width), _pad_id(model), dtype=torch.long)
-    mask = torch.zeros((len(items), width), dtype=torch.long)
-    rows_b, rows_p = [], []
-    for b, it in enumerate(items):
-        tokens[b, : len(it.tokens)] = torch.tensor(it.tokens)
-        mask[b, : len(it.tokens)] = 1
-        rows_b += [b] * len(it.positions)
-        rows_p += it.positions
-    return (
-        tokens.to(device),
-        mask.to(device),
-        torch.tensor(rows_b, device=device),
-        torch.tensor(rows_p, device=device),
-    )
-
-
-def residual_hook_names(n_blocks: int) -> list[str]:
-    """Hook names of the residual stream at depths 0..L."""
-    return [f"blocks.{i}.hook_resid_pre" for i in range(n_blocks)] + [f"blocks.{n_blocks - 1}.hook_resid_post"]
-
-
-@torch.no_grad()
-def collect_residuals(
-    model, items: Sequence[Item], layers: Sequence[int] | None = None
-) -> Float[Tensor, "layer position d_model"]:
-    """Residual vectors of a batch of items at their positions, for depths ``layers``
-    (default 0..L). Rows are ordered item by item, position by position.
-
-    Right padding with an attention mask: real tokens keep their positions and causal
-    attention never looks at the pads after them, so padding cannot change results.
-    """
-    n_blocks = int(model.cfg.n_layers)
-    layers = list(range(n_blocks + 1)) if layers is None else list(layers)
-    names = residual_hook_names(n_blocks)
-    device = next(model.parameters()).device
-    # With device_map the blocks may sit on several devices; residuals are gathered
-    # where the readout (unembedding) lives, which is where they are decoded.
-    out_device = model.unembed.weight.device if hasattr(model.unembed, "weight") else device
-    tokens, mask, bi, pi = batch_tensors(model, items)
-    out: dict[int, Tensor] = {}
-
-    def grab(depth: int):
-        def hook(x, hook):  # noqa: ARG001 - TransformerLens hook signature
-            out[depth] = x[bi.to(x.device), pi.to(x.device)].detach().float().to(out_device)
-            return x
-
-        return hook
-
-    hooks = [(names[d], grab(d)) for d in layers]
-    # logits_to_keep=1: the model's full-sequence logits are never needed (the final
-    # readout is recomputed at the positions of interest) and would cost
-    # batch x seq x vocab floats.
-    model.run_with_hooks(tokens, attention_mask=mask, fwd_hooks=hooks, logits_to_keep=1)
-    return torch.stack([out[d] for d in layers])
 
 
 @dataclass
@@ -367,7 +290,7 @@ def trajectories(
     model,
     prompts: Sequence[str] | Sequence[Item],
     *,
-    lens: str | Lens = "logit",
+    lens: str | Lens = DEFAULT_LENS,
     convention: Convention = "canonical",
     positions: Literal["last", "all"] = "last",
     targets: Mapping[str, Sequence[int | str]] | None = None,
@@ -407,8 +330,7 @@ def trajectories(
     local_plan = [LayerStep(depth_index[s.layer], s.translator) for s in plan]
     tok_names = TokenNames(tokenizer_of(model))
 
-    order = sorted(range(len(items)), key=lambda i: len(items[i].tokens))
-    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    batches = length_batches(items, batch_size)
     step_rows, topk_rows, target_rows = [], [], []
     layer_ids = np.array([s.layer for s in plan])
     bar = tqdm(total=len(items), desc=f"{lens_obj.name} lens", unit="prompt", disable=not progress, leave=False)

@@ -131,7 +131,7 @@ def test_update_norms_match_hf_hidden_states(tiny_llama):
 
 
 def test_skipping_last_block_gives_logit_lens_of_previous_layer(tiny_llama):
-    from depthkit.trajectories import collect_residuals
+    from depthkit.capture import collect_residuals
 
     items = passage_items(tiny_llama, TEXTS, max_tokens=20, min_tokens=4)
     n = tiny_llama.cfg.n_layers

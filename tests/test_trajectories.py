@@ -9,7 +9,8 @@ import torch
 
 import depthkit as dk
 from depthkit.lenses import LogitLens, layer_plan
-from depthkit.trajectories import Item, collect_residuals, decode_residuals
+from depthkit.capture import Item, collect_residuals
+from depthkit.trajectories import decode_residuals
 
 PROMPTS = [
     "The cat sat on the mat",

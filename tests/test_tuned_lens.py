@@ -9,13 +9,14 @@ import pytest
 import torch
 
 import depthkit as dk
-from depthkit.lenses import LogitLens, resolve_lens
+from depthkit.lens_store import resolve_lens
+from depthkit.lenses import LogitLens, Readout
 from depthkit.trajectories import trajectories
 from depthkit.tuned_lens import (
     LensFileError,
     TunedLens,
-    _Readout,
     get_tuned_lens,
+    lens_for,
     heldout_metrics,
     lens_path,
     load_lens,
@@ -76,7 +77,7 @@ def test_untrained_lens_is_the_logit_lens(model):
 def test_fast_readout_matches_lens_readout(model):
     lens = TunedLens(model)
     h = torch.randn(5, model.cfg.d_model) * 3
-    torch.testing.assert_close(_Readout(lens, torch.float32)(h), lens.readout(h), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(Readout(model, torch.float32)(h), lens.readout(h), rtol=1e-5, atol=1e-5)
 
 
 def test_heldout_kl_matches_direct_computation(model):
@@ -237,7 +238,7 @@ def test_trajectory_engine_accepts_the_lens(model, trained, tmp_path, monkeypatc
     # The translators change the early layers' readings.
     assert not (tr.steps[tr.steps.layer == 0].kl_to_final.values == lo.steps[lo.steps.layer == 0].kl_to_final.values).all()
     monkeypatch.setenv("DEPTHKIT_CACHE", str(tmp_path))
-    by_name = resolve_lens(model, "tuned", budget="smoke", text=TEXT, progress=False)
+    by_name = lens_for(model, "tuned", budget="smoke", text=TEXT, progress=False)
     assert isinstance(by_name, TunedLens)
     assert by_name.path.is_relative_to(tmp_path)
     auth = trajectories(model, prompts, lens=by_name, convention="authors", progress=False)
@@ -261,7 +262,7 @@ def test_gemma_family_trains_too():
 
 
 def test_compare_lenses(model, trained):
-    from depthkit.tuned_lens import compare_lenses
+    from depthkit.lens_compare import compare_lenses
 
     prompts = ["The cat sat on the", "In 1905 Albert Einstein", "Water boils at"]
     the = dk.models.tokenizer_of(model)(" the", add_special_tokens=False)["input_ids"]
@@ -287,7 +288,7 @@ def test_adam_after_the_ridge_start_does_not_undo_it(model, trained):
 
 
 def test_compare_lenses_matches_the_trajectory_engine(model, trained):
-    from depthkit.tuned_lens import compare_lenses
+    from depthkit.lens_compare import compare_lenses
 
     prompts = ["The cat sat on the", "In 1905 Albert Einstein wrote four", "Water"]
     per_layer, steps = compare_lenses(model, prompts, {"tuned": trained}, batch_size=2, progress=False)
@@ -295,3 +296,73 @@ def test_compare_lenses_matches_the_trajectory_engine(model, trained):
     got = steps.sort_values(["item", "layer"]).reset_index(drop=True)
     assert got["top1_id"].tolist() == tr.steps["top1_id"].tolist()
     assert got["kl_to_final"].to_numpy() == pytest.approx(tr.steps["kl_to_final"].to_numpy(), abs=1e-5)
+
+
+def test_residual_cache_computes_residuals_once(model, monkeypatch):
+    from depthkit import lens_data
+    from depthkit.tuned_lens import ResidualCache
+
+    builds = []
+    real = lens_data.LensTrainingData.build.__func__
+
+    def counting(cls, *args, **kwargs):
+        builds.append(args[2].seed)
+        return real(cls, *args, **kwargs)
+
+    monkeypatch.setattr(lens_data.LensTrainingData, "build", classmethod(counting))
+    cache = ResidualCache(model)
+    cfg = dict(CFG, steps=2)
+    plain = train_tuned_lens(model, TEXT, cfg, progress=False, cache=cache)
+    other = train_tuned_lens(model, TEXT, dict(cfg, ridge=0.5), progress=False, downweight="the", cache=cache)
+    assert builds == [0]  # another penalty and down-weighting: the very same positions
+    assert cache.data is not None and cache.data.resid.shape[1] == CFG["train_tokens"]
+    # The same lens as without a cache (deterministic under the seed).
+    alone = train_tuned_lens(model, TEXT, cfg, progress=False)
+    assert torch.equal(alone.A, plain.A) and not torch.equal(other.A, plain.A)
+    assert builds == [0, 0]  # no cache given: computed for that call only
+    train_tuned_lens(model, TEXT, cfg, seed=1, progress=False, cache=cache)
+    assert builds == [0, 0, 1]  # other positions: recomputed, and only the latest kept
+    assert cache.data.key[-1] == 1
+    cache.clear()
+    assert cache.data is None
+
+
+def test_residual_cache_belongs_to_one_model(model, other_model, tmp_path):
+    from depthkit.tuned_lens import ResidualCache
+
+    cache = ResidualCache(model)
+    with pytest.raises(ValueError, match="another model"):
+        get_tuned_lens(other_model, budget="smoke", text=TEXT, cache_dir=tmp_path, progress=False, cache=cache)
+
+
+def test_no_module_global_residual_cache():
+    import depthkit.lens_data
+    import depthkit.lens_training
+    import depthkit.tuned_lens
+
+    for mod in (depthkit.tuned_lens, depthkit.lens_data, depthkit.lens_training):
+        assert not hasattr(mod, "_RESIDUALS") and not hasattr(mod, "clear_residual_cache")
+
+
+def test_engine_calls_never_train_a_lens(model, tmp_path, monkeypatch):
+    monkeypatch.setenv("DEPTHKIT_CACHE", str(tmp_path))
+    with pytest.raises(LensFileError, match=r"depthkit\.tuned_lens\.get_tuned_lens\(model\)"):
+        resolve_lens(model, "tuned")
+    with pytest.raises(LensFileError, match="never train"):
+        trajectories(model, ["The cat sat on the"], lens="tuned", progress=False)
+    assert not list(tmp_path.rglob("*.safetensors"))
+    lens = lens_for(model, "tuned", budget="smoke", text=TEXT, progress=False)  # trains: asked for explicitly
+    loaded = resolve_lens(model, "tuned", budget="smoke", text=TEXT)
+    assert loaded.path == lens.path and torch.equal(loaded.A, lens.A)
+    assert isinstance(lens_for(model, "logit"), LogitLens) and lens_for(model, lens) is lens
+
+
+def test_one_default_lens_everywhere():
+    import inspect
+
+    from depthkit import early_exit, facts, mcq
+    from depthkit.lenses import DEFAULT_LENS
+
+    assert DEFAULT_LENS == "logit"
+    for fn in (trajectories, mcq.option_ranks, facts.answer_ranks, early_exit.exit_logits, resolve_lens, lens_for):
+        assert inspect.signature(fn).parameters["lens"].default == DEFAULT_LENS, fn.__name__

@@ -1,0 +1,305 @@
+"""Capture: the one place where depthkit runs a model with hooks.
+
+Everything that reads or writes the residual stream goes through here:
+
+* :class:`Item`: one token sequence and the positions whose residuals count;
+* :func:`batch_tensors` / :func:`length_batches`: right-padded batches (with an
+  attention mask), items sorted by length so that little padding is needed;
+* :func:`residual_hook_names`: the hook of every residual depth 0..L;
+* :func:`collect_residuals` / :func:`residual_rows`: residual vectors at chosen
+  depths and positions (optionally with one block's update removed);
+* :func:`map_blocks`: each block's input, middle and output residual handed to a
+  function as soon as the block has run, so only one block's residuals are alive;
+* :func:`patched_final_residuals`: a run with a vector written into the residual
+  stream at a layer and position.
+
+Right padding with an attention mask: real tokens keep their positions and causal
+attention never looks at the pads after them, so padding cannot change results.
+Layers follow :mod:`depthkit.lenses`: depth 0 is the embedding output, depth ℓ the
+input of block ℓ, depth L the final residual.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import numpy as np
+import torch
+from jaxtyping import Float
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from depthkit.models import tokenizer_of
+
+T = TypeVar("T")
+
+
+@dataclass
+class Item:
+    """One input sequence and what to read from it.
+
+    ``positions``: token positions whose next-token prediction is decoded.
+    ``targets``: name → one token id per position (e.g. ``{"gold": [...]}``).
+    """
+
+    tokens: list[int]
+    positions: list[int]
+    targets: dict[str, list[int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.tokens)
+        if n == 0:
+            raise ValueError("An item has no tokens: the prompt is empty after tokenisation. Remove empty prompts.")
+        for p in self.positions:
+            if not 0 <= p < n:
+                raise ValueError(f"Position {p} is outside a sequence of {n} tokens.")
+        for name, ids in self.targets.items():
+            if len(ids) != len(self.positions):
+                raise ValueError(
+                    f"Target {name!r} has {len(ids)} token ids for {len(self.positions)} positions; give one per position."
+                )
+
+
+def pad_id(model) -> int:
+    """The token id used for padding: the tokenizer's pad, else its EOS, else 0."""
+    tok = tokenizer_of(model)
+    for v in (tok.pad_token_id, tok.eos_token_id, 0):
+        if v is not None:
+            return int(v)
+    return 0
+
+
+def _device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _out_device(model) -> torch.device:
+    # With device_map the blocks may sit on several devices; residuals are gathered
+    # where the readout (unembedding) lives, which is where they are decoded.
+    return model.unembed.weight.device if hasattr(model.unembed, "weight") else _device(model)
+
+
+def length_batches(items: Sequence[Item] | Sequence[Sequence[int]], batch_size: int) -> list[list[int]]:
+    """Indices of ``items`` (or of token sequences) sorted by length, in batches of
+    ``batch_size``: batches of similar lengths need little padding."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
+    size = [len(it.tokens) if isinstance(it, Item) else len(it) for it in items]
+    order = sorted(range(len(items)), key=lambda i: size[i])
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def batch_tensors(model, items: Sequence[Item]):
+    """Right-padded token ids, attention mask, and (batch, position) indices of the
+    positions of interest, item by item."""
+    device = _device(model)
+    width = max(len(it.tokens) for it in items)
+    tokens = torch.full((len(items), width), pad_id(model), dtype=torch.long)
+    mask = torch.zeros((len(items), width), dtype=torch.long)
+    rows_b, rows_p = [], []
+    for b, it in enumerate(items):
+        tokens[b, : len(it.tokens)] = torch.tensor(it.tokens)
+        mask[b, : len(it.tokens)] = 1
+        rows_b += [b] * len(it.positions)
+        rows_p += it.positions
+    return (
+        tokens.to(device),
+        mask.to(device),
+        torch.tensor(rows_b, device=device),
+        torch.tensor(rows_p, device=device),
+    )
+
+
+def residual_hook_names(n_blocks: int) -> list[str]:
+    """Hook names of the residual stream at depths 0..L."""
+    return [f"blocks.{i}.hook_resid_pre" for i in range(n_blocks)] + [f"blocks.{n_blocks - 1}.hook_resid_post"]
+
+
+def _options(given: dict, allowed: dict) -> dict:
+    """Keyword options with defaults; a misspelt one raises instead of being ignored."""
+    unknown = sorted(set(given) - set(allowed))
+    if unknown:
+        raise TypeError(f"Unknown option(s) {unknown}; valid: {', '.join(allowed)}.")
+    return {**allowed, **given}
+
+
+def _run(model, tokens: Tensor, mask: Tensor, hooks: list) -> None:
+    # logits_to_keep=1: the model's full-sequence logits are never needed (readouts
+    # are recomputed at the positions of interest) and would cost
+    # batch x seq x vocab floats.
+    model.run_with_hooks(tokens, attention_mask=mask, fwd_hooks=hooks, logits_to_keep=1)
+
+
+def _skip_hooks(block: int) -> list:
+    """Hooks that remove block ``block``'s update: its output is replaced by its input."""
+    stash: dict[str, Tensor] = {}
+
+    def save_in(x, hook):  # noqa: ARG001 - TransformerLens hook signature
+        stash["h"] = x.clone()
+        return x
+
+    def drop_update(x, hook):  # noqa: ARG001
+        return stash.pop("h")
+
+    return [(f"blocks.{block}.hook_resid_pre", save_in), (f"blocks.{block}.hook_resid_post", drop_update)]
+
+
+@torch.no_grad()
+def collect_residuals(
+    model, items: Sequence[Item], layers: Sequence[int] | None = None, *, skip_block: int | None = None
+) -> Float[Tensor, "layer position d_model"]:
+    """Residual vectors of one batch of items at their positions, for depths
+    ``layers`` (default 0..L), as float32. Rows are ordered item by item, position
+    by position.
+
+    ``skip_block``: remove that block's update (``h_{b+1} := h_b``, the rest of the
+    forward pass unchanged) before reading.
+    """
+    n_blocks = int(model.cfg.n_layers)
+    layers = list(range(n_blocks + 1)) if layers is None else list(layers)
+    names = residual_hook_names(n_blocks)
+    out_device = _out_device(model)
+    tokens, mask, bi, pi = batch_tensors(model, items)
+    out: dict[int, Tensor] = {}
+
+    def grab(depth: int):
+        def hook(x, hook):  # noqa: ARG001 - TransformerLens hook signature
+            out[depth] = x[bi.to(x.device), pi.to(x.device)].detach().float().to(out_device)
+            return x
+
+        return hook
+
+    # Hooks run in registration order per name; a replacement must be registered
+    # before the grab on the same hook point reads it.
+    hooks = [] if skip_block is None else _skip_hooks(int(skip_block))
+    hooks += [(names[d], grab(d)) for d in layers]
+    _run(model, tokens, mask, hooks)
+    return torch.stack([out[d] for d in layers])
+
+
+@torch.no_grad()
+def residual_rows(
+    model, items: Sequence[Item], layers: Sequence[int] | None = None, *, batch_size: int = 8, **bar: str | bool
+) -> Float[Tensor, "layer position d_model"]:
+    """:func:`collect_residuals` over any number of items, in batches of
+    ``batch_size`` taken in the given order; rows item by item as there. ``bar``:
+    ``desc`` and ``progress`` of the progress bar (off by default)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
+    n_blocks, d = int(model.cfg.n_layers), int(model.cfg.d_model)
+    depths = list(range(n_blocks + 1)) if layers is None else list(layers)
+    n = sum(len(it.positions) for it in items)
+    out = torch.empty(len(depths), n, d, device=_out_device(model))
+    at = 0
+    bar = _options(bar, {"desc": "residuals", "progress": False})
+    pbar = tqdm(total=n, desc=str(bar["desc"]), unit="tok", disable=not bar["progress"], leave=False)
+    for s in range(0, len(items), batch_size):
+        r = collect_residuals(model, items[s : s + batch_size], depths)
+        out[:, at : at + r.shape[1]] = r
+        at += r.shape[1]
+        pbar.update(r.shape[1])
+    pbar.close()
+    return out
+
+
+@torch.no_grad()
+def map_blocks(model, items: Sequence[Item], fn: Callable[[int, Tensor, Tensor, Tensor], T]) -> list[T]:
+    """One forward pass of a batch of items; for every block ``b``, as soon as it has
+    run, ``fn(b, h_pre, h_mid, h_post)`` with its input, middle (between attention
+    and MLP, ``hook_resid_mid``) and output residuals at the positions of interest
+    (float32, rows item by item). Returns the results block by block; only one
+    block's residuals are alive at a time."""
+    n_blocks = int(model.cfg.n_layers)
+    tokens, mask, bi, pi = batch_tensors(model, items)
+    held: dict[str, Tensor] = {}
+    results: dict[int, T] = {}
+
+    def keep(key: str):
+        def hook(x, hook):  # noqa: ARG001 - TransformerLens hook signature
+            held[key] = x[bi, pi].detach().float()
+            return x
+
+        return hook
+
+    def finish(block: int):
+        def hook(x, hook):  # noqa: ARG001
+            results[block] = fn(block, held.pop("pre"), held.pop("mid"), x[bi, pi].detach().float())
+            return x
+
+        return hook
+
+    hooks = []
+    for b in range(n_blocks):
+        hooks += [
+            (f"blocks.{b}.hook_resid_pre", keep("pre")),
+            (f"blocks.{b}.hook_resid_mid", keep("mid")),
+            (f"blocks.{b}.hook_resid_post", finish(b)),
+        ]
+    _run(model, tokens, mask, hooks)
+    if len(results) != n_blocks:
+        raise RuntimeError(
+            f"Only {len(results)} of {n_blocks} blocks reported their residuals; this architecture's bridge does not "
+            "populate hook_resid_pre/mid/post on every block."
+        )
+    return [results[b] for b in range(n_blocks)]
+
+
+def check_layers(layers: Sequence[int], n_blocks: int) -> list[int]:
+    """``layers`` as ints, each a residual depth 0..L (raises otherwise)."""
+    out = [int(l) for l in layers]
+    bad = [l for l in out if not 0 <= l <= n_blocks]
+    if bad:
+        raise ValueError(f"Layers {bad} are outside 0..{n_blocks} (0 = embeddings, {n_blocks} = final residual).")
+    return out
+
+
+@torch.no_grad()
+def patched_final_residuals(
+    model, sequences: Sequence[Sequence[int]], layers: Sequence[int], vectors: Float[Tensor, "row d_model"], **run: int | bool
+) -> Float[Tensor, "row d_model"]:
+    """The final residual at the last position of each sequence after writing
+    ``vectors[r]`` into the residual stream of ``sequences[r]`` at depth
+    ``layers[r]`` (last position), as float32. Rows are independent and run in
+    length-sorted padded batches; results keep the input order. A patch at depth L
+    is what comes out. ``run``: ``batch_size`` (16) and ``progress`` (off)."""
+    n = len(sequences)
+    if not (len(layers) == n == vectors.shape[0]):
+        raise ValueError(
+            f"Give one layer and one vector per target: {n} targets, {len(layers)} layers, {vectors.shape[0]} vectors."
+        )
+    n_blocks = int(model.cfg.n_layers)
+    layers = check_layers(layers, n_blocks)
+    names = residual_hook_names(n_blocks)
+    device = _device(model)
+    out = torch.empty((n, int(model.cfg.d_model)), dtype=torch.float32, device=_out_device(model))
+    run = _options(run, {"batch_size": 16, "progress": False})
+    bar = tqdm(total=n, desc="patching", unit="run", disable=not run["progress"], leave=False)
+    for rows in length_batches(sequences, int(run["batch_size"])):
+        items = [Item([int(t) for t in sequences[r]], [len(sequences[r]) - 1]) for r in rows]
+        tokens, mask, _, last = batch_tensors(model, items)
+        batch_layers = np.array([layers[r] for r in rows])
+        vec = vectors[rows].to(device=device)
+        final: dict[str, Tensor] = {}
+
+        def hook_for(depth: int):
+            sel = torch.tensor(np.flatnonzero(batch_layers == depth), device=device, dtype=torch.long)
+
+            def hook(x, hook):  # noqa: ARG001 - TransformerLens hook signature
+                if len(sel):
+                    x = x.clone()
+                    x[sel, last[sel]] = vec[sel].to(x.dtype)
+                if depth == n_blocks:
+                    # The patch (if any) comes first, so a layer-L patch is what is read out.
+                    final["h"] = x[torch.arange(len(rows), device=device), last].float()
+                return x
+
+            return hook
+
+        depths = sorted(set(batch_layers.tolist()) | {n_blocks})
+        _run(model, tokens, mask, [(names[d], hook_for(d)) for d in depths])
+        out[rows] = final["h"].to(out.device)
+        bar.update(len(rows))
+    bar.close()
+    return out

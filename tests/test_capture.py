@@ -1,0 +1,145 @@
+"""depthkit.capture: padded batches, residual capture, block maps and patched runs
+(tiny models of all four families)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import depthkit as dk
+from depthkit.capture import (
+    Item,
+    batch_tensors,
+    collect_residuals,
+    length_batches,
+    map_blocks,
+    patched_final_residuals,
+    residual_rows,
+)
+from depthkit.lenses import LogitLens
+
+ARCHS = ["llama", "gpt2", "neox", "gemma3"]
+TEXTS = [
+    "The capital of France is",
+    "In 1905 Albert Einstein wrote four papers on physics that changed the field",
+    "Water",
+    "She poured the milk into the cup and then",
+]
+
+
+def _items(model) -> list[Item]:
+    out = []
+    for k, t in enumerate(TEXTS):
+        ids = dk.encode(model, t)
+        pos = [len(ids) - 1] if k % 2 == 0 else list(range(len(ids)))
+        out.append(Item(ids, pos))
+    return out
+
+
+def test_length_batches_sort_by_length():
+    seqs = [[1] * 5, [1] * 2, [1] * 9, [1] * 1, [1] * 4]
+    assert length_batches(seqs, 2) == [[3, 1], [4, 0], [2]]
+    items = [Item(s, [0]) for s in seqs]
+    assert length_batches(items, 10) == [[3, 1, 4, 0, 2]]
+    with pytest.raises(ValueError, match="batch_size"):
+        length_batches(seqs, 0)
+
+
+def test_batch_tensors_pad_on_the_right(tiny_llama):
+    items = _items(tiny_llama)
+    tokens, mask, bi, pi = batch_tensors(tiny_llama, items)
+    assert tokens.shape == mask.shape == (len(items), max(len(it.tokens) for it in items))
+    for b, it in enumerate(items):
+        n = len(it.tokens)
+        assert tokens[b, :n].tolist() == it.tokens and mask[b, :n].all() and not mask[b, n:].any()
+    assert bi.tolist() == [b for b, it in enumerate(items) for _ in it.positions]
+    assert pi.tolist() == [p for it in items for p in it.positions]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_padded_batch_equals_unpadded_runs(tiny_models, arch):
+    model = tiny_models[arch]
+    items = _items(model)
+    batched = collect_residuals(model, items)
+    alone = torch.cat([collect_residuals(model, [it]) for it in items], 1)
+    assert batched.shape == (model.cfg.n_layers + 1, sum(len(it.positions) for it in items), model.cfg.d_model)
+    torch.testing.assert_close(batched, alone, rtol=1e-4, atol=1e-4)
+    # The final residual read out is the model's own logits, unpadded.
+    last = collect_residuals(model, [items[0]], [model.cfg.n_layers])[0]
+    with torch.no_grad():
+        logits = model(torch.tensor([items[0].tokens]))[0, -1]
+    assert (LogitLens(model).readout(last)[0] - logits).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_residual_rows_and_map_blocks_agree_with_collect(tiny_models, arch):
+    model = tiny_models[arch]
+    items = _items(model)
+    L = model.cfg.n_layers
+    full = collect_residuals(model, items)
+    rows = residual_rows(model, items, [0, L], batch_size=3)
+    torch.testing.assert_close(rows, full[[0, L]], rtol=1e-4, atol=1e-4)
+    if arch == "neox":
+        return  # parallel attention and MLP: no residual between them (no hook_resid_mid)
+    blocks = map_blocks(model, items, lambda b, pre, mid, post: (pre, mid, post))
+    assert len(blocks) == L
+    for b, (pre, mid, post) in enumerate(blocks):
+        torch.testing.assert_close(pre, full[b], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(post, full[b + 1], rtol=1e-5, atol=1e-5)
+        assert mid.shape == pre.shape
+
+
+def test_skip_block_removes_exactly_that_update(tiny_llama):
+    items = _items(tiny_llama)
+    base = collect_residuals(tiny_llama, items)
+    skipped = collect_residuals(tiny_llama, items, skip_block=1)
+    torch.testing.assert_close(skipped[:2], base[:2])  # before the skipped block: unchanged
+    torch.testing.assert_close(skipped[2], base[1])  # its output is its input
+    assert (skipped[-1] - base[-1]).abs().max() > 1e-3  # later blocks see the change
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_patched_run_equals_manual_computation(tiny_models, arch):
+    """Writing h_ℓ of a source into a target at ℓ: at ℓ = L the output is the vector
+    itself; writing the target's own h_ℓ changes nothing; any row equals the same
+    row run alone (batches mix layers and lengths)."""
+    model = tiny_models[arch]
+    L = model.cfg.n_layers
+    targets = [dk.encode(model, t) for t in TEXTS]
+    own = collect_residuals(model, [Item(t, [len(t) - 1]) for t in targets])  # [depth, target, d]
+    vec = torch.randn(len(targets), model.cfg.d_model) * own[L].norm(dim=-1, keepdim=True) / model.cfg.d_model**0.5
+    at_l = patched_final_residuals(model, targets, [L] * len(targets), vec)
+    torch.testing.assert_close(at_l, vec.float())
+    layers = [l % (L + 1) for l in range(len(targets))]
+    same = patched_final_residuals(model, targets, layers, own[layers, range(len(targets))], batch_size=3)
+    torch.testing.assert_close(same, own[L], rtol=1e-4, atol=1e-4)
+    mixed = patched_final_residuals(model, targets, layers, vec, batch_size=4)
+    for r in range(len(targets)):
+        alone = patched_final_residuals(model, [targets[r]], [layers[r]], vec[r : r + 1])
+        torch.testing.assert_close(mixed[r : r + 1], alone, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="outside 0"):
+        patched_final_residuals(model, targets[:1], [L + 1], vec[:1])
+
+
+def test_patched_run_matches_a_hand_written_hook(tiny_llama):
+    """The same patch written by hand with TransformerLens' own hook API."""
+    model = tiny_llama
+    ids = dk.encode(model, TEXTS[1])
+    v = torch.randn(model.cfg.d_model)
+    layer = 2
+    got = patched_final_residuals(model, [ids], [layer], v[None])[0]
+    seen = {}
+
+    def write(x, hook):  # noqa: ARG001
+        x = x.clone()
+        x[0, -1] = v
+        return x
+
+    def read(x, hook):  # noqa: ARG001
+        seen["h"] = x[0, -1].float()
+        return x
+
+    L = model.cfg.n_layers
+    with torch.no_grad(), model.hooks(fwd_hooks=[(f"blocks.{layer}.hook_resid_pre", write), (f"blocks.{L - 1}.hook_resid_post", read)]):
+        model(torch.tensor([ids]))
+    torch.testing.assert_close(got, seen["h"], rtol=1e-5, atol=1e-5)
