@@ -24,7 +24,7 @@ import time
 import torch
 
 import depthkit as dk
-from depthkit.tuned_lens import lens_path, resolve_config, save_lens, train_tuned_lens
+from depthkit.tuned_lens import ResidualCache, lens_path, resolve_config, save_lens, train_tuned_lens
 
 TIME_LIMIT_S = 15 * 60
 
@@ -51,15 +51,16 @@ def main(argv: list[str] | None = None) -> int:
           f"loaded in {time.perf_counter() - t0:.0f} s")
     budget = json.loads(args.budget) if args.budget.lstrip().startswith("{") else args.budget
     ok = True
+    cache = ResidualCache(model)  # the variants read the same positions: residuals cached once
     for variant in args.downweight:
         downweight = None if variant == "none" else variant
-        ok &= report(model, info, resolve_config(budget, seed=args.seed, downweight=downweight), args)
+        ok &= report(model, info, resolve_config(budget, seed=args.seed, downweight=downweight), args, cache)
     return 0 if ok else 1
 
 
-def report(model, info, cfg, args) -> bool:
+def report(model, info, cfg, args, cache: ResidualCache) -> bool:
     print(f"\nconfig: {cfg}")
-    lens = train_tuned_lens(model, None, cfg, seed=cfg.seed, downweight=cfg.downweight, progress=True)
+    lens = train_tuned_lens(model, None, cfg, seed=cfg.seed, downweight=cfg.downweight, progress=True, cache=cache)
     if not args.no_save:
         path = save_lens(lens, lens_path(model, cfg, None, args.cache_dir))
         print(f"saved {path}")
