@@ -164,10 +164,8 @@ def dtr_text(dtr: pd.DataFrame, rho: float, *, n_boot: int, seed: int) -> str:
     mean = stats.bootstrap_ci(dtr["dtr"], n_boot=n_boot, seed=seed)
     x, y = dtr["dtr"].to_numpy(dtype=float), dtr["accuracy"].to_numpy(dtype=float)
     corr = _unit_ci(len(dtr), lambda i: pd.Series(x[i]).corr(pd.Series(y[i]), method="spearman"), n_boot=n_boot, seed=seed)
-    # Per cent with "%" glued to the number, as in the range beside it.
-    share = narrate.estimate(*(100 * v for v in mean[:3]), unit="%")
     return (
-        f"Mean deep-thinking ratio: **{share}** of tokens per passage settle only at d_sat/L ≥ {rho} "
+        f"Mean deep-thinking ratio: **{narrate.share(*mean[:3])}** of tokens per passage settle only at d_sat/L ≥ {rho} "
         f"(range {dtr['dtr'].min():.1%}–{dtr['dtr'].max():.1%} over {len(dtr)} passages). Spearman correlation between a "
         f"passage's DTR and its next-token accuracy over the {len(dtr)} passages: {narrate.estimate(*corr[:3], digits=2)}."
     )
