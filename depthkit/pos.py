@@ -24,6 +24,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import unicodedata
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -42,6 +44,17 @@ UPOS: frozenset[str] = frozenset(
     "ADJ ADP ADV AUX CCONJ DET INTJ NOUN NUM PART PRON PROPN PUNCT SCONJ SYM VERB X".split()
 )
 COLUMNS = ["tag", "word_class", "prompt", "answer", "passage_id", "char_start"]
+# The function/content comparison is made only if each class keeps at least this many
+# correctly predicted examples ...
+MIN_KEPT_PER_CLASS: int = 30
+# ... and at least this share of its candidates (below it, the survivors are a
+# selected minority of the class, not the class).
+MIN_KEPT_SHARE: float = 0.20
+CLASSES: tuple[str, ...] = ("function", "content", "other")
+# Punctuation that starts an answer but takes a space before it in running text
+# (openers of Unicode category Ps/Pi always do; these are the exceptions in Po).
+_SPACED_PUNCT = frozenset('"#&*@\\¡¿§¶')
+_TRAILING_SPACES = re.compile(r"[ \t]+$")
 
 
 def word_class(tag: str) -> str:
@@ -211,6 +224,65 @@ def pos_dataset(
     return df
 
 
+def attaches_to_previous_word(answer: str) -> bool:
+    """Whether ``answer`` starts with punctuation that follows the previous word
+    without a space in running text (``,`` ``.`` ``;`` ``)`` ``-`` ``'s`` ...), rather
+    than after one (``(``, opening quotes, ``#``, ...)."""
+    if not answer:
+        return False
+    ch = answer[0]
+    return unicodedata.category(ch) in ("Pc", "Pd", "Pe", "Pf", "Po") and ch not in _SPACED_PUNCT
+
+
+def opens_next_word(prompt: str) -> bool:
+    """Whether ``prompt`` ends in something the next word follows without a space in
+    running text: an opening bracket or quote (``(``, ``[``, ``“``, a backtick), a quote
+    mark after a space (``say "``), or a hyphen, dash or slash straight after a word
+    (``well-``, ``and/``)."""
+    if not prompt:
+        return False
+    last = prompt[-1]
+    after_space = len(prompt) == 1 or prompt[-2].isspace()
+    if unicodedata.category(last) in ("Ps", "Pi") or last == "`":
+        return True
+    if last in "\"'":
+        return after_space
+    return (unicodedata.category(last) == "Pd" or last == "/") and not after_space
+
+
+def running_text_pair(prompt: str, answer: str) -> tuple[str, str]:
+    """``(prompt, answer)`` split as in running text: the whitespace between the two
+    goes with the answer, as byte-pair tokenizers attach it to the following word.
+
+    * A bare word after a prompt that does not end in whitespace gets one space, as
+      the facts chapter joins them (:func:`depthkit.facts.continuation`):
+      ``("He sat on", "the")`` -> ``("He sat on", " the")``, whose first token is
+      ``" the"``, the token the model predicts in running text.
+    * Punctuation that attaches to the previous word (:func:`attaches_to_previous_word`)
+      gets no space: ``("He sat", ",")`` stays as it is; nor does a word after an
+      opening bracket or quote, or after a hyphen (:func:`opens_next_word`):
+      ``("a well-", "known")``.
+    * Spaces (and tabs) that end the prompt move onto the answer when the answer does
+      not start with whitespace: ``("He sat on ", "the")`` -> ``("He sat on", " the")``.
+      Left on the prompt, they would be a token of their own that running text never
+      has before a word (and the answer's first token would be ``"the"``). Newlines
+      stay: the tokenizer keeps them apart from the next word anyway.
+    * An answer that already starts with whitespace, or an empty prompt, is left as
+      it is.
+    """
+    from depthkit.facts import continuation
+
+    prompt, answer = str(prompt), str(answer)
+    if not prompt or not answer or answer[:1].isspace():
+        return prompt, answer
+    trailing = _TRAILING_SPACES.search(prompt)
+    if trailing and trailing.start() > 0:
+        return prompt[: trailing.start()], trailing.group() + answer
+    if prompt[-1:].isspace() or attaches_to_previous_word(answer) or opens_next_word(prompt):
+        return prompt, answer
+    return prompt, continuation(prompt, answer)
+
+
 def load_pos_files(files: Mapping[str, str | os.PathLike] | str | os.PathLike) -> pd.DataFrame:
     """A user's part-of-speech dataset: one ``{"prompt", "answer"}`` file (JSON array
     or JSONL) per tag.
@@ -218,6 +290,11 @@ def load_pos_files(files: Mapping[str, str | os.PathLike] | str | os.PathLike) -
     ``files``: ``{tag: path}``, or a folder holding files named after their tag
     (``DET.jsonl``, ``NOUN.json``, ...). Returns the columns of :func:`pos_dataset`
     (``passage_id``/``char_start`` are -1).
+
+    Prompt and answer are split as running text would split them
+    (:func:`running_text_pair`), so the common format of such files, a prompt without
+    a trailing space and a bare-word answer (``"He sat on"``, ``"the"``), asks for the
+    token the model predicts in running text (``" the"``), not ``"the"``.
     """
     from depthkit.data import load_records
 
@@ -236,13 +313,14 @@ def load_pos_files(files: Mapping[str, str | os.PathLike] | str | os.PathLike) -
     frames = []
     for tag in tags:
         recs = load_records(files[tag] if tag in files else files[tag.lower()])
+        pairs = [running_text_pair(q, a) for q, a in zip(recs["prompt"].astype(str), recs["answer"].astype(str))]
         frames.append(
             pd.DataFrame(
                 {
                     "tag": tag,
                     "word_class": word_class(tag),
-                    "prompt": recs["prompt"].astype(str),
-                    "answer": recs["answer"].astype(str),
+                    "prompt": [q for q, _ in pairs],
+                    "answer": [a for _, a in pairs],
                     "passage_id": -1,
                     "char_start": -1,
                 }
@@ -360,3 +438,115 @@ def correctness_filter(model, examples: pd.DataFrame, *, batch_size: int = 16, p
     report["kept_share"] = report["kept"] / report["candidates"]
     kept = checked[checked["correct"]].drop(columns=["correct"]).reset_index(drop=True)
     return FilterResult(kept=kept, checked=checked, report=report)
+
+
+def filter_table(checked: pd.DataFrame, analysed: pd.DataFrame | None = None) -> pd.DataFrame:
+    """How many candidates the correctness filter kept, per tag and per word class.
+
+    ``checked``: every candidate with its ``tag`` and ``correct`` (the ``checked``
+    frame of :func:`correctness_filter`). ``analysed``: optionally the examples that
+    go on to the analysis (e.g. the kept ones capped per tag), counted per tag.
+
+    Returns one row per tag (in order of first appearance), then one per word class
+    present (function, content, other): ``[level, group, word_class, candidates,
+    kept, kept_share]`` plus ``analysed`` when given; ``level`` is ``"tag"`` or
+    ``"class"`` and ``group`` the tag or the class.
+    """
+    missing = [c for c in ("tag", "correct") if c not in checked.columns]
+    if missing:
+        raise ValueError(f"The checked examples lack column(s) {missing}; pass correctness_filter(...).checked.")
+    frame = pd.DataFrame({"tag": checked["tag"].astype(str).to_numpy(), "correct": checked["correct"].astype(bool).to_numpy()})
+    frame["word_class"] = frame["tag"].map(word_class)
+    tag_order = list(dict.fromkeys(frame["tag"]))
+    by_tag = frame.groupby("tag", sort=False).agg(word_class=("word_class", "first"), candidates=("correct", "size"), kept=("correct", "sum"))
+    by_tag = by_tag.reindex(tag_order).reset_index().rename(columns={"tag": "group"}).assign(level="tag")
+    present = [c for c in CLASSES if c in set(frame["word_class"])]
+    by_class = frame.groupby("word_class").agg(candidates=("correct", "size"), kept=("correct", "sum")).reindex(present).reset_index()
+    by_class = by_class.assign(group=by_class["word_class"], level="class")
+    cols = ["level", "group", "word_class", "candidates", "kept"]
+    out = pd.concat([by_tag[cols], by_class[cols]], ignore_index=True)
+    out = out.astype({"candidates": np.int64, "kept": np.int64})
+    out["kept_share"] = out["kept"] / out["candidates"]
+    if analysed is not None:
+        if "tag" not in analysed.columns:
+            raise ValueError("The analysed examples lack a tag column.")
+        per_tag = analysed["tag"].astype(str).value_counts()
+        per_class = analysed["tag"].astype(str).map(word_class).value_counts()
+        counts = np.where(out["level"] == "tag", out["group"].map(per_tag), out["group"].map(per_class))
+        out["analysed"] = pd.Series(counts).fillna(0).astype(np.int64).to_numpy()
+    return out
+
+
+class ClassComparison(NamedTuple):
+    """Whether the function/content comparison can be made (:func:`class_comparison`)."""
+
+    ok: bool
+    reason: str  # why it cannot be made; "" when it can
+
+
+def _share(v: float) -> str:
+    # one decimal below 10 %, and never rounded up onto a threshold it misses
+    return f"{np.floor(v * 1000 + 1e-9) / 10:.1f} %" if v < 0.1 else f"{np.floor(v * 100 + 1e-9):.0f} %"
+
+
+def class_comparison(
+    table: pd.DataFrame, *, min_kept: int | None = None, min_share: float | None = None
+) -> ClassComparison:
+    """Whether function and content words can be compared on what the correctness
+    filter kept (``table``: :func:`filter_table`).
+
+    Only if each class keeps at least ``min_kept`` examples (and, when the table has
+    an ``analysed`` column, at least that many are analysed) *and* at least
+    ``min_share`` of its candidates: a class of which the model predicts only a small
+    minority is represented by that selected minority, and a few dozen examples give
+    intervals too wide to read. Returns ``(ok, reason)``; ``reason`` says in one
+    sentence why not, naming each class and threshold that fails. The thresholds
+    default to :data:`MIN_KEPT_PER_CLASS` and :data:`MIN_KEPT_SHARE`.
+    """
+    min_kept = MIN_KEPT_PER_CLASS if min_kept is None else int(min_kept)
+    min_share = MIN_KEPT_SHARE if min_share is None else float(min_share)
+    need = {"level", "group", "candidates", "kept"}
+    if not need <= set(table.columns):
+        raise ValueError(f"The filter table needs columns {sorted(need)}; build it with filter_table().")
+    classes = table[table["level"] == "class"].set_index("group")
+    problems = []
+    for cls, tags in (("function", FUNCTION_TAGS), ("content", CONTENT_TAGS)):
+        if cls not in classes.index or classes.loc[cls, "candidates"] == 0:
+            problems.append(f"this run has no {cls}-word candidates ({', '.join(tags)})")
+            continue
+        r = classes.loc[cls]
+        share = r["kept"] / r["candidates"]
+        needs = [f"{min_kept} examples" if r["kept"] < min_kept else "", _share(min_share) if share < min_share else ""]
+        if any(needs):
+            problems.append(
+                f"only {int(r['kept']):,} of {int(r['candidates']):,} {cls}-word candidates passed the correctness "
+                f"filter ({_share(share)}; at least {' and '.join(n for n in needs if n)} needed)"
+            )
+        elif "analysed" in classes.columns and r["analysed"] < min_kept:
+            problems.append(
+                f"only {int(r['analysed']):,} {cls}-word examples are analysed (at least {min_kept} needed; "
+                "raise n_per_tag)"
+            )
+    if not problems:
+        return ClassComparison(True, "")
+    return ClassComparison(
+        False,
+        "Function and content words cannot be compared on this run: " + "; ".join(problems) + ". "
+        "So no class means, no function/content gap and no interval for it are reported.",
+    )
+
+
+def filter_sentence(table: pd.DataFrame) -> str:
+    """One sentence on what the correctness filter kept (``table``: :func:`filter_table`):
+    in all, per word class and per tag."""
+    tags = table[table["level"] == "tag"]
+    classes = table[table["level"] == "class"]
+    total, kept = int(tags["candidates"].sum()), int(tags["kept"].sum())
+    per_class = ", ".join(
+        f"{r.group} words {r.kept:,} of {r.candidates:,} ({_share(r.kept_share)})" for r in classes.itertuples()
+    )
+    per_tag = ", ".join(f"{r.group} {r.kept}/{r.candidates}" for r in tags.itertuples())
+    return (
+        f"The correctness filter kept {kept:,} of {total:,} candidate prompts ({_share(kept / total if total else 0.0)}): "
+        f"{per_class} (per tag: {per_tag})."
+    )

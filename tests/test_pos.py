@@ -178,3 +178,151 @@ def test_correctness_filter_on_smollm2(smollm2):
     res = pos.correctness_filter(smollm2, ex, progress=False)
     assert res.checked["correct"].tolist() == [True, False]
     assert res.checked["greedy_token"].iloc[0] == " Paris"
+
+
+# ---- per-tag files in the common format: bare-word answers, prompts without a trailing space
+
+BARE = {
+    "DET": [("He sat on", "the"), ("I saw ", "a"), ("She opened", " the")],
+    "PUNCT": [("He sat down", ","), ("It rained all day", "."), ("The song", "(")],
+    "NOUN": [("He sat on the", "mat"), ("A red\n", "car")],
+}
+# what running text gives: the text the model reads, and where the prompt ends in it
+RUNNING = {
+    "DET": [("He sat on the", "He sat on"), ("I saw a", "I saw"), ("She opened the", "She opened")],
+    "PUNCT": [("He sat down,", "He sat down"), ("It rained all day.", "It rained all day"), ("The song (", "The song")],
+    "NOUN": [("He sat on the mat", "He sat on the"), ("A red\ncar", "A red\n")],
+}
+
+
+def _write_bare_folder(folder):
+    folder.mkdir(exist_ok=True)
+    for tag, pairs in BARE.items():
+        (folder / f"{tag}.jsonl").write_text("\n".join(json.dumps({"prompt": q, "answer": a}) for q, a in pairs))
+    return folder
+
+
+def test_running_text_pair():
+    assert pos.running_text_pair("He sat on", "the") == ("He sat on", " the")
+    assert pos.running_text_pair("He sat on", "New York") == ("He sat on", " New York")
+    assert pos.running_text_pair("He sat", ",") == ("He sat", ",")
+    assert pos.running_text_pair("He sat", ".") == ("He sat", ".")
+    assert pos.running_text_pair("the book", ")") == ("the book", ")")
+    assert pos.running_text_pair("John", "'s") == ("John", "'s")
+    assert pos.running_text_pair("He sang", "(") == ("He sang", " (")  # an opener takes a space
+    assert pos.running_text_pair("He sat on", " the") == ("He sat on", " the")  # already spaced
+    assert pos.running_text_pair("He sat on", "  the") == ("He sat on", "  the")
+    assert pos.running_text_pair("He sat on ", "the") == ("He sat on", " the")  # the space moves
+    assert pos.running_text_pair("He sat on  ", "the") == ("He sat on", "  the")
+    assert pos.running_text_pair("He sat on ", " the") == ("He sat on ", " the")  # both: left alone
+    assert pos.running_text_pair("A list:\n", "item") == ("A list:\n", "item")  # newlines stay
+    assert pos.running_text_pair("", "The") == ("", "The")
+    # no space after an opener or a hyphen straight after a word
+    assert pos.running_text_pair("a well-", "known") == ("a well-", "known")
+    assert pos.running_text_pair("the series (", "2001") == ("the series (", "2001")
+    assert pos.running_text_pair("called ``", "Bee") == ("called ``", "Bee")
+    assert pos.running_text_pair('called "', "Bee") == ('called "', "Bee")
+    assert pos.running_text_pair('he said "go"', "home") == ('he said "go"', " home")  # a closing quote
+    assert pos.running_text_pair("the students'", "books") == ("the students'", " books")
+    assert pos.running_text_pair("one -", "two") == ("one -", " two")  # a spaced dash
+
+
+def test_bare_word_files_are_joined_as_running_text(tmp_path):
+    df = pos.load_pos_files(_write_bare_folder(tmp_path / "tags"))
+    got = {t: list(zip(g["prompt"], g["answer"])) for t, g in df.groupby("tag", sort=False)}
+    assert got == {
+        "DET": [("He sat on", " the"), ("I saw", " a"), ("She opened", " the")],
+        "PUNCT": [("He sat down", ","), ("It rained all day", "."), ("The song", " (")],
+        "NOUN": [("He sat on the", " mat"), ("A red\n", "car")],
+    }
+    for t, rows in got.items():
+        assert [q + a for q, a in rows] == [text for text, _ in RUNNING[t]]
+
+
+def _running_text_ids(model, tag):
+    """The id of the token after the prompt, from encoding the running text itself."""
+    out = []
+    for text, prompt in RUNNING[tag]:
+        ids, pids = dk.encode(model, text), dk.encode(model, prompt)
+        assert ids[: len(pids)] == pids  # the prompt's tokens are a prefix of the text's
+        out.append(ids[len(pids)])
+    return out
+
+
+def _check_answer_ids(model, folder):
+    res = pos.correctness_filter(model, pos.pos_examples(folder, 10, ["DET", "PUNCT", "NOUN"]), batch_size=4, progress=False)
+    for tag in BARE:
+        assert res.checked.loc[res.checked["tag"] == tag, "answer_id"].tolist() == _running_text_ids(model, tag), tag
+    # the greedy prediction is read after the prompt running text has (no trailing space)
+    assert "I saw" in res.checked["prompt"].tolist()
+    # the bare word as given would have asked for another token
+    assert dk.answer_token_ids(model, "He sat on", "the")[0] != _running_text_ids(model, "DET")[0]
+    return res
+
+
+def test_bare_word_folder_gives_running_text_answer_ids(tiny_llama, tmp_path):
+    _check_answer_ids(tiny_llama, _write_bare_folder(tmp_path / "tags"))
+
+
+@pytest.mark.integration
+def test_bare_word_folder_gives_running_text_answer_ids_smollm2(smollm2, tmp_path):
+    res = _check_answer_ids(smollm2, _write_bare_folder(tmp_path / "tags"))
+    tok = tokenizer_of(smollm2)
+    words = [tok.decode([int(i)]) for i in res.checked["answer_id"]]
+    assert words == [" the", " a", " the", ",", ".", " (", " mat", "car"]
+
+
+# ---- what the correctness filter kept, and whether the classes can be compared
+
+
+def _checked(counts):
+    """A checked frame: ``counts`` maps tag -> (candidates, kept)."""
+    rows = [(t, i < k) for t, (n, k) in counts.items() for i in range(n)]
+    return pd.DataFrame(rows, columns=["tag", "correct"])
+
+
+def test_filter_table_counts():
+    checked = _checked({"DET": (10, 3), "NOUN": (8, 8), "ADP": (5, 0), "PROPN": (4, 1), "VERB": (2, 1)})
+    analysed = checked[checked["correct"]].groupby("tag").head(2)
+    t = pos.filter_table(checked, analysed)
+    assert list(t.columns) == ["level", "group", "word_class", "candidates", "kept", "kept_share", "analysed"]
+    assert t[["level", "group", "word_class"]].values.tolist() == [
+        ["tag", "DET", "function"], ["tag", "NOUN", "content"], ["tag", "ADP", "function"],
+        ["tag", "PROPN", "other"], ["tag", "VERB", "content"],
+        ["class", "function", "function"], ["class", "content", "content"], ["class", "other", "other"],
+    ]
+    assert t["candidates"].tolist() == [10, 8, 5, 4, 2, 15, 10, 4]
+    assert t["kept"].tolist() == [3, 8, 0, 1, 1, 3, 9, 1]
+    np.testing.assert_allclose(t["kept_share"], [0.3, 1.0, 0.0, 0.25, 0.5, 0.2, 0.9, 0.25])
+    assert t["analysed"].tolist() == [2, 2, 0, 1, 1, 2, 3, 1]
+    assert "analysed" not in pos.filter_table(checked).columns
+    with pytest.raises(ValueError, match="correct"):
+        pos.filter_table(checked.drop(columns="correct"))
+
+
+def test_filter_sentence_says_what_was_kept():
+    s = pos.filter_sentence(pos.filter_table(_checked({"DET": (800, 5), "NOUN": (800, 4)})))
+    assert "kept 9 of 1,600" in s and "function words 5 of 800 (0.6 %)" in s and "DET 5/800" in s
+
+
+def test_class_comparison_thresholds():
+    assert pos.MIN_KEPT_PER_CLASS == 30 and pos.MIN_KEPT_SHARE == 0.20
+    ok = pos.class_comparison(pos.filter_table(_checked({"DET": (150, 30), "NOUN": (150, 30)})))
+    assert ok == (True, "")  # exactly at both thresholds
+    few = pos.class_comparison(pos.filter_table(_checked({"DET": (145, 29), "NOUN": (150, 30)})))
+    assert not few.ok and "29 of 145 function-word" in few.reason and "(20 %; at least 30 examples needed)" in few.reason and "content-word" not in few.reason
+    rare = pos.class_comparison(pos.filter_table(_checked({"DET": (150, 30), "VERB": (151, 30)})))
+    assert not rare.ok and "30 of 151 content-word candidates passed" in rare.reason and "(19 %; at least 20 % needed)" in rare.reason
+    both = pos.class_comparison(pos.filter_table(_checked({"DET": (800, 5), "NOUN": (800, 4)})))
+    assert not both.ok and "5 of 800 function-word" in both.reason and "4 of 800 content-word" in both.reason
+    assert "(0.6 %; at least 30 examples and 20 % needed)" in both.reason and "gap" in both.reason
+    # per tag it is the class that counts: two function tags of 15 make 30
+    assert pos.class_comparison(pos.filter_table(_checked({"DET": (40, 15), "ADP": (40, 15), "NOUN": (40, 30)}))).ok
+    # too few analysed (n_per_tag caps them), though enough were kept
+    checked = _checked({"DET": (100, 40), "NOUN": (100, 40)})
+    capped = pos.class_comparison(pos.filter_table(checked, checked[checked["correct"]].groupby("tag").head(10)))
+    assert not capped.ok and "10 function-word examples are analysed" in capped.reason
+    one_class = pos.class_comparison(pos.filter_table(_checked({"DET": (100, 90)})))
+    assert not one_class.ok and "no content-word candidates" in one_class.reason
+    # other thresholds can be passed
+    assert pos.class_comparison(pos.filter_table(_checked({"DET": (145, 29), "NOUN": (150, 30)})), min_kept=20).ok
