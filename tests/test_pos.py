@@ -306,16 +306,16 @@ def test_filter_sentence_says_what_was_kept():
 
 
 def test_class_comparison_thresholds():
-    assert pos.MIN_KEPT_PER_CLASS == 30 and pos.MIN_KEPT_SHARE == 0.20
-    ok = pos.class_comparison(pos.filter_table(_checked({"DET": (150, 30), "NOUN": (150, 30)})))
+    assert pos.MIN_KEPT_PER_CLASS == 30 and pos.MIN_KEPT_SHARE == 0.10
+    ok = pos.class_comparison(pos.filter_table(_checked({"DET": (300, 30), "NOUN": (300, 30)})))
     assert ok == (True, "")  # exactly at both thresholds
-    few = pos.class_comparison(pos.filter_table(_checked({"DET": (145, 29), "NOUN": (150, 30)})))
+    few = pos.class_comparison(pos.filter_table(_checked({"DET": (145, 29), "NOUN": (300, 30)})))
     assert not few.ok and "29 of 145 function-word" in few.reason and "(20 %; at least 30 examples needed)" in few.reason and "content-word" not in few.reason
-    rare = pos.class_comparison(pos.filter_table(_checked({"DET": (150, 30), "VERB": (151, 30)})))
-    assert not rare.ok and "30 of 151 content-word candidates passed" in rare.reason and "(19 %; at least 20 % needed)" in rare.reason
+    rare = pos.class_comparison(pos.filter_table(_checked({"DET": (300, 30), "VERB": (301, 30)})))
+    assert not rare.ok and "30 of 301 content-word candidates passed" in rare.reason and "(9.9 %; at least 10 % needed)" in rare.reason
     both = pos.class_comparison(pos.filter_table(_checked({"DET": (800, 5), "NOUN": (800, 4)})))
     assert not both.ok and "5 of 800 function-word" in both.reason and "4 of 800 content-word" in both.reason
-    assert "(0.6 %; at least 30 examples and 20 % needed)" in both.reason and "gap" in both.reason
+    assert "(0.6 %; at least 30 examples and 10 % needed)" in both.reason and "gap" in both.reason
     # per tag it is the class that counts: two function tags of 15 make 30
     assert pos.class_comparison(pos.filter_table(_checked({"DET": (40, 15), "ADP": (40, 15), "NOUN": (40, 30)}))).ok
     # too few analysed (n_per_tag caps them), though enough were kept
