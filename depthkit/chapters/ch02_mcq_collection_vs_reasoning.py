@@ -1,0 +1,326 @@
+"""Chapter 02 (multiple choice: collecting options, then choosing): the chapter's
+computations beyond the analysis modules (:mod:`depthkit.mcq`,
+:mod:`depthkit.patching`, :mod:`depthkit.early_exit`), its generated prose, its
+headline quantities and the paper's reference rows."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from depthkit import early_exit, mcq, narrate, patching, stats
+from depthkit.chapters import HEADLINE_COLUMNS, PAPER_COLUMNS
+from depthkit.trajectories import encode
+
+# Thresholds of mcq.layer_estimates' defaults, repeated where the prose names them.
+COLLECT_LEVEL, DECIDE_LEVEL = 0.5, 0.9
+TRANSITION = "patching transition"
+FOLLOWS = "follows source's answer"
+
+# The paper gives halves of the depth for all four models, not layers.
+PAPER = pd.DataFrame(
+    [
+        ("MCQ options collected", "all four models", math.nan, 0.0, 0.5),
+        ("MCQ answer settled", "all four models", math.nan, 0.5, 1.0),
+    ],
+    columns=PAPER_COLUMNS,
+)
+
+
+def model_note(info: Any, lens_name: str, convention: str) -> str:
+    quant = "" if not info.is_quantised else (
+        f" Its weights are **{info.quantisation}**: a small quantised model, not one of the paper's "
+        "7–8B models, so its numbers are not the paper's numbers."
+    )
+    return (f"Model **{info.name}** ({info.n_blocks} blocks, vocabulary {info.d_vocab:,}), "
+            f"read through the **{lens_name} lens** ({convention} layer convention).{quant}")
+
+
+def task_prompts(model, task: str, p: Mapping[str, Any], *, labels: str | None = None, permute: bool = False) -> pd.DataFrame:
+    frame = mcq.build_prompts(task, p["n_examples"], shots=p["shots"], labels=labels or p["option_labels"], seed=p["seed"], permute=permute)
+    return mcq.add_option_ids(model, frame)
+
+
+def all_prompts(model, p: Mapping[str, Any]) -> pd.DataFrame:
+    frames = [mcq.build_prompts(t, p["n_examples"], shots=p["shots"], labels=p["option_labels"], seed=p["seed"]) for t in p["tasks"]]
+    if p["dataset"]:
+        frames.append(mcq.load_mcq_file(p["dataset"]))
+    return mcq.add_option_ids(model, pd.concat(frames, ignore_index=True))
+
+
+def prompt_summary(model, prompts: pd.DataFrame) -> pd.DataFrame:
+    """Prompts per task and their mean length in tokens."""
+    n_tokens = prompts["prompt"].map(lambda s: len(encode(model, s)))
+    return prompts.assign(tokens=n_tokens).groupby("task").agg(prompts=("prompt", "size"), mean_tokens=("tokens", "mean")).round(0)
+
+
+def share_ci(share: float, n: int, *, n_boot: int, seed: int) -> stats.CI:
+    """A share of ``n`` prompts with its interval: the share is a mean of one 0/1
+    value per prompt, so those values are rebuilt and resampled as the units."""
+    k = int(round(share * n))
+    return stats.bootstrap_ci(np.r_[np.ones(k), np.zeros(int(n) - k)], n_boot=n_boot, seed=seed)
+
+
+def _matrices(ranks: pd.DataFrame, task: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    g = mcq.per_item(ranks[ranks["task"] == task])
+    coll = g.pivot(index="item", columns="layer", values="collected").sort_index(axis=1)
+    agree = g.pivot(index="item", columns="layer", values="agrees_final").sort_index(axis=1)
+    return coll.columns.to_numpy(), coll.to_numpy(dtype=float), agree.to_numpy(dtype=float)
+
+
+def _collection(cm: np.ndarray, layers: np.ndarray) -> float:
+    curve = cm.mean(0)
+    return math.nan if curve.max() <= 0 else mcq.first_layer_reaching(curve, layers, COLLECT_LEVEL * curve.max(), stay=False)
+
+
+def _decision(am: np.ndarray, layers: np.ndarray) -> float:
+    return mcq.first_layer_reaching(am.mean(0), layers, DECIDE_LEVEL, stay=True)
+
+
+def order_difference(ranks: pd.DataFrame, task: str, *, n_boot: int, seed: int) -> stats.CI:
+    """Decision minus collection layer of one task. Both come from the same prompts,
+    so a resample draws prompts once for both layers."""
+    layers, cm, am = _matrices(ranks, task)
+    idx = np.arange(len(cm), dtype=float)
+    return stats.bootstrap_ci(idx, stat=lambda i: _decision(am[i.astype(int)], layers) - _collection(cm[i.astype(int)], layers),
+                              n_boot=n_boot, seed=seed, dropna=False)
+
+
+def transition_difference(sweep: pd.DataFrame, ranks: pd.DataFrame, task: str, *, n_boot: int, seed: int) -> stats.CI:
+    """Patching transition minus the lens's collection layer of the target task.
+    Patching pairs and lens prompts are separate samples: each is resampled on its
+    own, and no interval unless both have MIN_N units."""
+    wide = sweep.pivot(index="pair", columns="layer", values="class").sort_index(axis=1)
+    p_layers, to_m, ag_m = wide.columns.to_numpy(), (wide.to_numpy() == "source-option").astype(float), (wide.to_numpy() == "target-option").astype(float)
+    layers, cm, _ = _matrices(ranks, task)
+    point = patching._transition_from_matrix(to_m, ag_m, p_layers) - _collection(cm, layers)
+    n = min(len(wide), len(cm))
+    if n < stats.MIN_N or not np.isfinite(point):
+        return stats.CI(point, math.nan, math.nan, n)
+    rng = np.random.default_rng(seed)
+    boots = []
+    for _ in range(int(n_boot)):
+        i, j = rng.integers(0, len(wide), len(wide)), rng.integers(0, len(cm), len(cm))
+        boots.append(patching._transition_from_matrix(to_m[i], ag_m[i], p_layers) - _collection(cm[j], layers))
+    alpha = (1 - stats.LEVEL) / 2
+    lo, hi = np.nanquantile(np.asarray(boots, dtype=float), [alpha, 1 - alpha])
+    return stats.CI(point, float(lo), float(hi), n)
+
+
+def _layer(v: float, lo: float, hi: float, n_blocks: int, missing: str = "not reached") -> str:
+    return missing if not np.isfinite(v) else narrate.layer(v, lo, hi, n_blocks=n_blocks)
+
+
+def layer_summary(est: pd.DataFrame, acc: pd.DataFrame, prompts: pd.DataFrame, ranks: pd.DataFrame, n_blocks: int, *, n_boot: int, seed: int) -> str:
+    lines = []
+    for r in est.itertuples():
+        a = acc.set_index("task").loc[r.task]
+        half = ("first half; " if r.collection_layer <= n_blocks / 2 else "second half; ") if np.isfinite(r.collection_layer) else ""
+        if np.isfinite(r.collection_lo) and r.collection_lo <= n_blocks / 2 < r.collection_hi:
+            half = half.replace(";", ", but its interval reaches into both halves;")
+        order = ""
+        if np.isfinite(r.collection_layer) and np.isfinite(r.decision_layer):
+            d = order_difference(ranks, r.task, n_boot=n_boot, seed=seed)
+            order = " — " + narrate.difference(d.estimate, d.lo, d.hi, more="later", less="earlier", subject="settled answers", than="collected options")
+        opts = prompts.loc[prompts["task"] == r.task, "options"].map(tuple)
+        same = f"option {opts.iloc[0][int(a.majority_answer)]!r}" if opts.nunique() == 1 else f"option {int(a.majority_answer) + 1} of the list"
+        alike = (
+            f" The model gives the same answer ({same}) to {a.majority_share:.0%} of these prompts, so its 'settled' layer "
+            "marks where this option takes the lead, not where the task is solved."
+            if a.majority_share >= 0.9 else ""
+        )
+        ci = share_ci(a.accuracy, int(a.n), n_boot=n_boot, seed=seed)
+        lines.append(
+            f"* **{r.task}** (n = {r.n}, accuracy {narrate.share(*ci[:3], digits=0)}, top-1 is an option for {a.top1_option:.0%}): "
+            f"options collected at {_layer(r.collection_layer, r.collection_lo, r.collection_hi, n_blocks)} "
+            f"({half}peak share {r.peak_collected_share:.0%} at layer {r.peak_layer}); "
+            f"answer settled at {_layer(r.decision_layer, r.decision_lo, r.decision_hi, n_blocks)}{order}.{alike}"
+        )
+    return (
+        f"Collection layer: the first layer where the share of prompts with every option in the top-|O| reaches "
+        f"{COLLECT_LEVEL:.0%} of its peak. Decision layer: the first layer from which at least {DECIDE_LEVEL:.0%} of prompts "
+        "already have the final answer as their most probable option.\n\n" + "\n".join(lines)
+    )
+
+
+def controls(model, prompts: pd.DataFrame, ranks: pd.DataFrame, lens, p: Mapping[str, Any]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(shares, layer estimates, accuracy) of the control task with its original,
+    relabelled and permuted options, each with a ``variant`` column."""
+    task = p["control_task"]
+    in_run = task in p["tasks"]
+    variants = {"original": prompts[prompts["task"] == task] if in_run else task_prompts(model, task, p)}
+    for c in p["controls"]:
+        # Permuting GLUE's verbalisers would change their meaning; letters can move.
+        labels = "symbols" if c == "symbols" else ("letters" if p["option_labels"] == "default" and task != "mmlu" else p["option_labels"])
+        variants[c] = task_prompts(model, task, p, labels=labels, permute=c == "permuted")
+    out: tuple[list, list, list] = ([], [], [])
+    for name, frame in variants.items():
+        r = (ranks[ranks["task"] == task] if name == "original" and in_run
+             else mcq.option_ranks(model, frame.reset_index(drop=True), lens=lens, convention=p["convention"]))
+        out[0].append(mcq.collection_reasoning(r).assign(variant=name))
+        out[1].append(mcq.layer_estimates(r, n_boot=p["n_boot"], seed=p["seed"]).assign(variant=name))
+        out[2].append(mcq.accuracy(r).assign(variant=name))
+    shares, est, acc = (pd.concat(x, ignore_index=True) for x in out)
+    return shares, est, acc
+
+
+def control_table(est: pd.DataFrame, acc: pd.DataFrame) -> pd.DataFrame:
+    cols = ["variant", "collection_layer", "collection_lo", "collection_hi", "peak_collected_share", "decision_layer", "accuracy"]
+    return est.merge(acc[["variant", "accuracy"]], on="variant")[cols].round(2)
+
+
+def control_summary(est: pd.DataFrame, acc: pd.DataFrame, task: str, n_blocks: int) -> str:
+    ce, ca = est.set_index("variant"), acc.set_index("variant")
+    o = ce.loc["original"]
+
+    def coll(r: pd.Series) -> str:
+        return _layer(r.collection_layer, r.collection_lo, r.collection_hi, n_blocks, "never reached")
+
+    def settled(r: pd.Series) -> str:
+        return _layer(r.decision_layer, r.decision_lo, r.decision_hi, n_blocks)
+
+    parts = [
+        f"with **{v}** options — collection layer: {coll(ce.loc[v])}, original: {coll(o)}; "
+        f"peak share of prompts with all options in the top-|O| {ce.loc[v, 'peak_collected_share']:.0%} "
+        f"(original {o.peak_collected_share:.0%}); decision layer: {settled(ce.loc[v])}, original: {settled(o)}; "
+        f"accuracy {ca.loc[v, 'accuracy']:.0%} (original {ca.loc['original', 'accuracy']:.0%})"
+        for v in ce.index.drop("original")
+    ]
+    return f"On {task}: " + "; ".join(parts) + "." if parts else "No controls were requested."
+
+
+def patching_sweeps(model, prompts: pd.DataFrame, p: Mapping[str, Any], n_blocks: int) -> pd.DataFrame:
+    """Patching in both directions between the two tasks, and the random-source
+    control within ``patch_control``; one row per (direction, pair, layer)."""
+    def frame(task: str) -> pd.DataFrame:
+        f = prompts[prompts["task"] == task]
+        return (f if len(f) else task_prompts(model, task, p)).head(p["n_pairs"])
+
+    layers = sorted(set(range(0, n_blocks + 1, p["patch_layer_step"])) | {n_blocks})
+    src, tgt = frame(p["patch_source"]), frame(p["patch_target"])
+    sweeps = []
+    for (a, b), (fa, fb) in (((p["patch_source"], p["patch_target"]), (src, tgt)), ((p["patch_target"], p["patch_source"]), (tgt, src))):
+        sw = patching.patching_sweep(model, list(fa["prompt"]), list(fb["prompt"]), target_options=list(fb["option_ids"]),
+                                     source_options=list(fa["option_ids"]), layers=layers)
+        sweeps.append(sw.assign(direction=f"{a} → {b}", control=False))
+    pc = frame(p["patch_control"])
+    perm = patching.derangement(len(pc), seed=p["seed"])
+    ctrl = patching.patching_sweep(model, list(pc["prompt"].iloc[perm]), list(pc["prompt"]), target_options=list(pc["option_ids"]),
+                                   source_options=list(pc["option_ids"].iloc[perm]), layers=layers)
+    sweeps.append(ctrl.assign(direction=f"random {p['patch_control']} → {p['patch_control']}", control=True))
+    return pd.concat(sweeps, ignore_index=True)
+
+
+def transitions(sweep: pd.DataFrame, est: pd.DataFrame, *, n_boot: int, seed: int) -> pd.DataFrame:
+    """Per direction: the patching transition and, beside it, the lens's collection
+    layer of the target task; for the control, where the output follows the source."""
+    rows = []
+    for d, g in sweep[~sweep.control].groupby("direction", sort=False):
+        tgt = d.split(" → ")[1]
+        rows.append({"direction": d, "what": TRANSITION, **patching.transition_layer(g, n_boot=n_boot, seed=seed)})
+        e = est.set_index("task")["collection_layer"].get(tgt, np.nan)
+        rows.append({"direction": d, "what": f"lens collection layer ({tgt})", "transition_layer": e, "lo": np.nan, "hi": np.nan, "n_pairs": np.nan})
+    c = sweep[sweep.control]
+    ctl = patching.transition_layer(c, column="follows", to="source", against="target", n_boot=n_boot, seed=seed)
+    rows.append({"direction": c["direction"].iloc[0], "what": FOLLOWS, **ctl})
+    return pd.DataFrame(rows).astype({"n_pairs": "float64"})
+
+
+def class_shares(sweep: pd.DataFrame) -> pd.DataFrame:
+    return pd.concat([patching.class_shares(g).assign(direction=d) for d, g in sweep[~sweep.control].groupby("direction", sort=False)], ignore_index=True)
+
+
+def transition_marks(tr: pd.DataFrame) -> pd.DataFrame:
+    marks = tr[tr["what"] != FOLLOWS].rename(columns={"transition_layer": "layer"})[["direction", "what", "layer"]]
+    return marks.assign(what=marks["what"].str.replace(r" \(.*\)", "", regex=True))
+
+
+def patching_summary(tr: pd.DataFrame, sweep: pd.DataFrame, ranks: pd.DataFrame, n_blocks: int, *, n_boot: int, seed: int) -> str:
+    tt = tr.set_index(["direction", "what"])
+    txt = []
+    for d in tr.loc[tr["what"] == TRANSITION, "direction"]:
+        t = tt.loc[(d, TRANSITION)]
+        tgt = d.split(" → ")[1]
+        col = tt.loc[(d, f"lens collection layer ({tgt})"), "transition_layer"]
+        gap = ""
+        if np.isfinite(col) and np.isfinite(t.transition_layer):
+            ci = transition_difference(sweep[sweep["direction"] == d], ranks, tgt, n_boot=n_boot, seed=seed)
+            gap = "; " + narrate.difference(ci.estimate, ci.lo, ci.hi, more="later", less="earlier", subject="patching transitions",
+                                            than=f"the lens's collection layer for {tgt} (layer {col:.0f})", digits=0)
+        txt.append(f"* **{d}**: source options take over at {_layer(t.transition_layer, t.lo, t.hi, n_blocks, 'no stable transition')}{gap}.")
+    c = tr[tr["what"] == FOLLOWS].iloc[0]
+    last = sweep[sweep.control & (sweep.layer == n_blocks)]
+    n_same = int((last["follows"] == "both").sum())
+    same = f" ({n_same} of {len(last)} pairs have source and target prompts with the same answer, where following either is the same)" if n_same else ""
+    task = c.direction.split(" → ")[1]
+    follows = ("the output never stably follows the source's answer rather than the target's own" if not np.isfinite(c.transition_layer)
+               else f"the output follows the source's answer rather than the target's own from {_layer(c.transition_layer, c.lo, c.hi, n_blocks)}")
+    txt.append(f"* **control** (a random other {task} prompt as source, {task} target): {follows}{same}.")
+    return ("\n".join(txt) + "\n\nThe paper found, for Llama-3-8B, that the patching transition and the lens's collection layer do not line up; "
+            "the lines above say whether they do here.")
+
+
+def early_exits(trajs: Mapping[str, Any]) -> pd.DataFrame:
+    def options(tr) -> list[str]:
+        return sorted([t for t in tr.targets["target"].unique() if t.startswith("opt")], key=lambda s: int(s[3:]))
+
+    return pd.concat([early_exit.early_exit_table(tr, gold="gold", options=options(tr)).assign(task=t) for t, tr in trajs.items()], ignore_index=True)
+
+
+def early_exit_summary(exits: pd.DataFrame, n_blocks: int, *, n_boot: int, seed: int) -> str:
+    lines = []
+    for t, g in exits.groupby("task", sort=False):
+        g = g.set_index("layer")
+        first = mcq.first_layer_reaching(g["choice_agreement"].to_numpy(), g.index.to_numpy(), DECIDE_LEVEL, stay=True)
+        n, half = int(g.loc[n_blocks, "n"]), n_blocks // 2
+
+        def share(layer: int, col: str) -> str:
+            return narrate.share(*share_ci(g.loc[layer, col], n, n_boot=n_boot, seed=seed)[:3], digits=0)
+
+        reach = ("never agrees with the full model's for 90% of prompts before the last layer" if not np.isfinite(first)
+                 else f"agrees with the full model's for at least 90% of prompts from layer {int(first)} on "
+                      f"({g.loc[int(first), 'compute_fraction']:.0%} of the blocks)")
+        lines.append(
+            f"* **{t}**: the exit's chosen option {reach}. Option accuracy: {share(half, 'choice_accuracy')} at half depth, "
+            f"{share(n_blocks, 'choice_accuracy')} for the full model (n = {n}); the exit's top-1 token equals the full model's "
+            f"for {share(half, 'agreement')} of prompts at half depth."
+        )
+    return "\n".join(lines)
+
+
+def paper_table(est: pd.DataFrame, model_label: str, n_blocks: int) -> pd.DataFrame:
+    ref = pd.DataFrame([{"source": "paper (reference)", "model": "GPT2-XL, Pythia-6.9B, Llama-2-7B, Llama-3-8B", "task": "MMLU, SST-2, MRPC, RTE",
+                         "collection (fraction of depth)": "first half", "decision (fraction of depth)": "second half"}])
+
+    def frac(v: float) -> str:
+        return f"{v / n_blocks:.2f}" if np.isfinite(v) else "not reached"
+
+    ours = pd.DataFrame([{"source": "this run", "model": model_label, "task": r.task, "collection (fraction of depth)": frac(r.collection_layer),
+                          "decision (fraction of depth)": frac(r.decision_layer)} for r in est.itertuples()])
+    return pd.concat([ref, ours], ignore_index=True)
+
+
+def prompt_table(prompts: pd.DataFrame) -> pd.DataFrame:
+    """The prompts with list columns joined into strings (parquet-friendly)."""
+    return prompts.drop(columns=["options", "option_ids"]).assign(
+        options=prompts["options"].map("|".join), option_ids=prompts["option_ids"].map(lambda o: ",".join(map(str, o))))
+
+
+def headlines(run) -> pd.DataFrame:
+    """Per task the collection and decision layers (``layer_estimates``) and per
+    direction the patching transition (``patching_transitions``). The task or
+    direction is part of the quantity: a run has one row per quantity."""
+    rows = []
+    for r in run["layer_estimates"].itertuples():
+        n = float(r.n)
+        rows.append((f"MCQ options collected ({r.task})", r.collection_layer, r.collection_lo, r.collection_hi, n, "layer"))
+        rows.append((f"MCQ answer settled ({r.task})", r.decision_layer, r.decision_lo, r.decision_hi, n, "layer"))
+    pt = run["patching_transitions"]
+    for r in pt[pt["what"] == TRANSITION].itertuples():
+        rows.append((f"patching transition ({r.direction})", r.transition_layer, r.lo, r.hi, float(r.n_pairs), "layer"))
+    out = pd.DataFrame(rows, columns=HEADLINE_COLUMNS)
+    return out.astype({c: float for c in ("value", "lo", "hi", "n")})

@@ -1,0 +1,120 @@
+"""Chapter 02's module on small constructed frames."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from depthkit.chapters import HEADLINE_COLUMNS, PAPER_COLUMNS
+from depthkit.chapters import ch02_mcq_collection_vs_reasoning as ch
+
+
+class FakeRun:
+    def __init__(self, tables: dict[str, pd.DataFrame]):
+        self.tables = tables
+
+    def __getitem__(self, name: str) -> pd.DataFrame:
+        return self.tables[name]
+
+
+def ranks_frame(n_items: int = 12, n_layers: int = 5, collect_at: int = 1, decide_at: int = 3) -> pd.DataFrame:
+    """Two options; both in the top-2 from ``collect_at``; the final answer (option
+    1) is the most probable option from ``decide_at`` on, option 0 before."""
+    rows = []
+    for item in range(n_items):
+        for layer in range(n_layers):
+            collected = layer >= collect_at
+            late = layer >= decide_at
+            for opt in (0, 1):
+                best = (opt == 1) == late
+                rows.append({"task": "mmlu", "item": item, "layer": layer, "option": opt,
+                             "rank": (1 if best else 2) if collected else (50 if best else 60),
+                             "prob": 0.6 if best else 0.3, "is_gold": opt == 1, "top1_is_option": True})
+    return pd.DataFrame(rows)
+
+
+def test_order_difference_is_decision_minus_collection():
+    ci = ch.order_difference(ranks_frame(), "mmlu", n_boot=50, seed=0)
+    assert ci.estimate == 2 and ci.lo == 2 and ci.hi == 2 and ci.n == 12
+
+
+def test_order_difference_has_no_interval_below_min_n():
+    ci = ch.order_difference(ranks_frame(n_items=4), "mmlu", n_boot=50, seed=0)
+    assert ci.estimate == 2 and math.isnan(ci.lo) and math.isnan(ci.hi)
+
+
+def test_layer_summary_states_the_order_only_with_an_interval():
+    from depthkit import mcq
+
+    for n_items, finding in ((12, True), (4, False)):
+        r = ranks_frame(n_items=n_items)
+        est = mcq.layer_estimates(r, n_boot=50, seed=0)
+        acc = mcq.accuracy(r)
+        prompts = pd.DataFrame({"task": "mmlu", "options": [(" A", " B")] * n_items})
+        text = ch.layer_summary(est, acc, prompts, r, 4, n_boot=50, seed=0)
+        assert ("settled answers are 2.0 layers later than collected options" in text) is finding
+        assert ("no finding is drawn" in text) is not finding
+        assert "95%" not in text  # the old ad-hoc formatter
+
+
+def test_share_ci_resamples_prompts_and_respects_min_n():
+    ci = ch.share_ci(0.5, 40, n_boot=200, seed=0)
+    assert ci.estimate == pytest.approx(0.5) and ci.lo < 0.5 < ci.hi and ci.n == 40
+    small = ch.share_ci(0.5, 4, n_boot=200, seed=0)
+    assert math.isnan(small.lo) and small.n == 4
+
+
+def sweep_frame(n_pairs: int, switch: int, layers=(0, 2, 4)) -> pd.DataFrame:
+    return pd.DataFrame([
+        {"pair": i, "layer": layer, "class": "source-option" if layer >= switch else "target-option", "direction": "sst2 → mmlu"}
+        for i in range(n_pairs) for layer in layers
+    ])
+
+
+def test_transition_difference_needs_min_n_on_both_sides():
+    few = ch.transition_difference(sweep_frame(4, 2), ranks_frame(), "mmlu", n_boot=50, seed=0)
+    assert few.estimate == 1 and math.isnan(few.lo)
+    many = ch.transition_difference(sweep_frame(12, 2), ranks_frame(), "mmlu", n_boot=50, seed=0)
+    assert many.estimate == 1 and many.lo == 1 and many.hi == 1
+
+
+def test_transition_marks_strip_the_task():
+    tr = pd.DataFrame({"direction": ["a → b", "a → b", "random"], "what": [ch.TRANSITION, "lens collection layer (b)", ch.FOLLOWS],
+                       "transition_layer": [3.0, 2.0, 5.0]})
+    marks = ch.transition_marks(tr)
+    assert list(marks["what"]) == [ch.TRANSITION, "lens collection layer"] and list(marks["layer"]) == [3.0, 2.0]
+
+
+def test_headlines_name_task_and_direction():
+    est = pd.DataFrame({"task": ["mmlu", "sst2"], "collection_layer": [4.0, 6.0], "collection_lo": [3.0, np.nan],
+                        "collection_hi": [5.0, np.nan], "decision_layer": [20.0, 22.0], "decision_lo": [18.0, np.nan],
+                        "decision_hi": [21.0, np.nan], "n": [16, 4]})
+    pt = pd.DataFrame({"direction": ["sst2 → mmlu", "sst2 → mmlu", "random sst2 → sst2"],
+                       "what": [ch.TRANSITION, "lens collection layer (mmlu)", ch.FOLLOWS],
+                       "transition_layer": [12.0, 4.0, 9.0], "lo": [np.nan] * 3, "hi": [np.nan] * 3, "n_pairs": [4.0, np.nan, 4.0]})
+    h = ch.headlines(FakeRun({"layer_estimates": est, "patching_transitions": pt}))
+    assert list(h.columns) == HEADLINE_COLUMNS
+    assert list(h["quantity"]) == ["MCQ options collected (mmlu)", "MCQ answer settled (mmlu)", "MCQ options collected (sst2)",
+                                   "MCQ answer settled (sst2)", "patching transition (sst2 → mmlu)"]
+    assert list(h["value"]) == [4.0, 20.0, 6.0, 22.0, 12.0] and list(h["n"]) == [16, 16, 4, 4, 4]
+    assert set(h["scale"]) == {"layer"} and h["quantity"].is_unique
+
+
+def test_paper_rows():
+    assert list(ch.PAPER.columns) == PAPER_COLUMNS
+    assert ch.PAPER.set_index("quantity").loc["MCQ options collected", "hi"] == 0.5
+    assert ch.PAPER.set_index("quantity").loc["MCQ answer settled", "lo"] == 0.5
+
+
+def test_control_summary_words_missing_and_measured_layers():
+    est = pd.DataFrame({"variant": ["original", "symbols"], "collection_layer": [28.0, np.nan], "collection_lo": [np.nan] * 2,
+                        "collection_hi": [np.nan] * 2, "peak_collected_share": [1.0, 0.0], "decision_layer": [30.0, 25.0],
+                        "decision_lo": [29.0, np.nan], "decision_hi": [30.0, np.nan]})
+    acc = pd.DataFrame({"variant": ["original", "symbols"], "accuracy": [0.25, 0.5]})
+    text = ch.control_summary(est, acc, "mmlu", 30)
+    assert "collection layer: never reached, original: layer 28 of 30 (interval cannot be measured" in text
+    assert "original: layer 30 of 30 (95 % CI 29–30)" in text and "accuracy 50% (original 25%)" in text
+    assert ch.control_summary(est.iloc[:1], acc.iloc[:1], "mmlu", 30) == "No controls were requested."
