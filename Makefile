@@ -4,7 +4,8 @@ book:
 	bash scripts/install.sh
 	HF_HUB_OFFLINE=1 .venv/bin/depthkit book --model smollm2-135m
 
-# Unit, integration, chapter-smoke, book-build and browser tests (installs first).
+# Lint, then unit, integration, chapter-smoke, book-build and browser tests (installs first).
 test:
 	bash scripts/install.sh --test
+	.venv/bin/ruff check
 	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q tests

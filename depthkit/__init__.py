@@ -8,8 +8,8 @@
 """
 
 from depthkit import data, frequency
-from depthkit.chapters import check_chapter_params, model_options
 from depthkit.capture import Item
+from depthkit.chapters import check_chapter_params, model_options
 from depthkit.lens_store import resolve_lens
 from depthkit.lenses import DEFAULT_LENS, Lens, LogitLens, layer_plan
 from depthkit.models import DEFAULT_MODEL, ModelInfo, ModelLoadError, available_models, load_model, model_info

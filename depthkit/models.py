@@ -272,7 +272,7 @@ def _package_dir(package: str, install: str) -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def embedded_gguf_path(name: str) -> Path:
     """Where the GGUF file of an embedded model lies (assembling it first for Gemma)."""
     spec = EMBEDDED[name]

@@ -30,9 +30,9 @@ from torch import Tensor
 
 from depthkit.capture import Item, check_layers, patched_final_residuals, residual_rows
 from depthkit.lenses import LogitLens
+from depthkit.models import tokenizer_of
 from depthkit.stats import LEVEL, MIN_N
 from depthkit.trajectories import TokenNames, encode
-from depthkit.models import tokenizer_of
 
 CLASSES = ("target-option", "source-option", "other")
 FOLLOWS = ("target", "source", "both", "neither")

@@ -31,11 +31,10 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from depthkit.capture import Item, collect_residuals, length_batches, map_blocks
 from depthkit.lenses import LogitLens
 from depthkit.stats import MIN_N, LayerEstimate, curve_estimate, two_segment_fit
-from depthkit.capture import Item, collect_residuals, length_batches, map_blocks
 from depthkit.trajectories import Trajectories, encode
-
 
 # ---------------------------------------------------------------------------
 # Running text as items

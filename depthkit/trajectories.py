@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from depthkit.capture import Item, batch_tensors, collect_residuals, length_batches, residual_hook_names
 from depthkit.lens_store import resolve_lens
-from depthkit.lenses import DEFAULT_LENS, Convention, Lens, LayerStep, layer_plan
+from depthkit.lenses import DEFAULT_LENS, Convention, LayerStep, Lens, layer_plan
 from depthkit.models import ModelInfo, model_info, tokenizer_of
 
 # Item, batch_tensors, collect_residuals and residual_hook_names live in

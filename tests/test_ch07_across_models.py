@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from depthkit.chapters import headlines
 from depthkit.chapters import ch07_across_models as across
+from depthkit.chapters import headlines
 from depthkit.results import RunRecorder
 
 

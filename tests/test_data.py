@@ -11,7 +11,6 @@ import pytest
 from depthkit import data
 from depthkit.data import DataError
 
-
 # ---------------------------------------------------------------- embedded sets
 
 

@@ -11,7 +11,16 @@ import torch
 
 import depthkit as dk
 from depthkit import data as dkdata
-from depthkit.facts import answer_ranks, continuation, fact_items, fact_onsets, fact_prompts, load_facts, onset_table, trivia_cloze
+from depthkit.facts import (
+    answer_ranks,
+    continuation,
+    fact_items,
+    fact_onsets,
+    fact_prompts,
+    load_facts,
+    onset_table,
+    trivia_cloze,
+)
 
 
 def test_curated_set_is_large_clean_and_unique():

@@ -11,6 +11,7 @@ import pytest
 from depthkit import data as dkdata
 from depthkit.mcq import (
     SYMBOLS,
+    Example,
     accuracy,
     add_option_ids,
     build_prompts,
@@ -21,7 +22,6 @@ from depthkit.mcq import (
     option_ranks,
     per_item,
     render,
-    Example,
 )
 
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import depthkit as dk
+from depthkit.capture import Item, collect_residuals
 from depthkit.early_exit import early_exit_table, exit_logits
 from depthkit.lenses import LogitLens
 from depthkit.models import _build_tiny
 from depthkit.patching import class_shares, derangement, patched_logits, patching_sweep, transition_layer
-from depthkit.capture import Item, collect_residuals
 
 SOURCES = ["The cat sat on the mat and", "Water boils at one hundred", "A quick brown fox"]
 TARGETS = ["In 1905 Albert Einstein wrote", "The dog lay by the door of the", "Paris is a city"]

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import depthkit as dk
-from depthkit.lenses import LogitLens, layer_plan
 from depthkit.capture import Item, collect_residuals
+from depthkit.lenses import LogitLens, layer_plan
 from depthkit.trajectories import decode_residuals
 
 PROMPTS = [
@@ -53,7 +53,7 @@ def independent_logit_lens(model, ids: torch.Tensor) -> torch.Tensor:
             var = ((h - mu) ** 2).mean(-1, keepdim=True)
             x = (h - mu) / torch.sqrt(var + norm.eps) * norm.weight.double() + norm.bias.double()
         else:
-            eps = getattr(norm, "variance_epsilon", None) or getattr(norm, "eps")
+            eps = getattr(norm, "variance_epsilon", None) or norm.eps
             x = h * torch.rsqrt((h * h).mean(-1, keepdim=True) + eps)
             scale = norm.weight.double()
             x = x * (1.0 + scale if family.startswith("gemma") else scale)
