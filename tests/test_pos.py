@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import depthkit as dk
-from depthkit import pos
+from depthkit import pos, pos_filter
 from depthkit.models import tokenizer_of
 
 TEXT = "The museum in the old town of Bern has a large collection of clocks, and it opened in 1901."
@@ -135,7 +135,7 @@ def test_correctness_filter_hand_checked(tiny_llama):
     examples = pd.DataFrame(
         {"tag": ["DET", "DET", "NOUN"], "prompt": prompts, "answer": [right, wrong, right2]}
     )
-    res = pos.correctness_filter(model, examples, batch_size=2, progress=False)
+    res = pos_filter.correctness_filter(model, examples, batch_size=2, progress=False)
     assert res.checked["greedy_id"].tolist() == greedy
     assert res.checked["correct"].tolist() == [True, False, dk.answer_token_ids(model, prompts[2], right2)[0] == greedy[2]]
     rep = res.report.set_index("tag")
@@ -143,13 +143,13 @@ def test_correctness_filter_hand_checked(tiny_llama):
     assert res.kept["prompt"].iloc[0] == prompts[0]
     assert (res.kept["answer_id"] == res.kept["greedy_id"]).all()
     with pytest.raises(ValueError, match="lack column"):
-        pos.correctness_filter(model, examples.drop(columns="answer"))
+        pos_filter.correctness_filter(model, examples.drop(columns="answer"))
 
 
 def test_greedy_next_tokens_independent_of_batching(tiny_llama):
     prompts = ["The cat sat on the", "Water boils at", "A quick brown fox jumps over", "In"]
-    one = pos.greedy_next_tokens(tiny_llama, prompts, batch_size=1, progress=False)
-    many = pos.greedy_next_tokens(tiny_llama, prompts, batch_size=3, progress=False)
+    one = pos_filter.greedy_next_tokens(tiny_llama, prompts, batch_size=1, progress=False)
+    many = pos_filter.greedy_next_tokens(tiny_llama, prompts, batch_size=3, progress=False)
     np.testing.assert_array_equal(one, many)
 
 
@@ -175,7 +175,7 @@ def test_correctness_filter_on_smollm2(smollm2):
     ex = pd.DataFrame(
         {"tag": ["PROPN", "PROPN"], "prompt": ["The capital of France is"] * 2, "answer": [" Paris", " London"]}
     )
-    res = pos.correctness_filter(smollm2, ex, progress=False)
+    res = pos_filter.correctness_filter(smollm2, ex, progress=False)
     assert res.checked["correct"].tolist() == [True, False]
     assert res.checked["greedy_token"].iloc[0] == " Paris"
 
@@ -250,7 +250,7 @@ def _running_text_ids(model, tag):
 
 
 def _check_answer_ids(model, folder):
-    res = pos.correctness_filter(model, pos.pos_examples(folder, 10, ["DET", "PUNCT", "NOUN"]), batch_size=4, progress=False)
+    res = pos_filter.correctness_filter(model, pos.pos_examples(folder, 10, ["DET", "PUNCT", "NOUN"]), batch_size=4, progress=False)
     for tag in BARE:
         assert res.checked.loc[res.checked["tag"] == tag, "answer_id"].tolist() == _running_text_ids(model, tag), tag
     # the greedy prediction is read after the prompt running text has (no trailing space)
@@ -284,7 +284,7 @@ def _checked(counts):
 def test_filter_table_counts():
     checked = _checked({"DET": (10, 3), "NOUN": (8, 8), "ADP": (5, 0), "PROPN": (4, 1), "VERB": (2, 1)})
     analysed = checked[checked["correct"]].groupby("tag").head(2)
-    t = pos.filter_table(checked, analysed)
+    t = pos_filter.filter_table(checked, analysed)
     assert list(t.columns) == ["level", "group", "word_class", "candidates", "kept", "kept_share", "analysed"]
     assert t[["level", "group", "word_class"]].values.tolist() == [
         ["tag", "DET", "function"], ["tag", "NOUN", "content"], ["tag", "ADP", "function"],
@@ -295,34 +295,34 @@ def test_filter_table_counts():
     assert t["kept"].tolist() == [3, 8, 0, 1, 1, 3, 9, 1]
     np.testing.assert_allclose(t["kept_share"], [0.3, 1.0, 0.0, 0.25, 0.5, 0.2, 0.9, 0.25])
     assert t["analysed"].tolist() == [2, 2, 0, 1, 1, 2, 3, 1]
-    assert "analysed" not in pos.filter_table(checked).columns
+    assert "analysed" not in pos_filter.filter_table(checked).columns
     with pytest.raises(ValueError, match="correct"):
-        pos.filter_table(checked.drop(columns="correct"))
+        pos_filter.filter_table(checked.drop(columns="correct"))
 
 
 def test_filter_sentence_says_what_was_kept():
-    s = pos.filter_sentence(pos.filter_table(_checked({"DET": (800, 5), "NOUN": (800, 4)})))
+    s = pos_filter.filter_sentence(pos_filter.filter_table(_checked({"DET": (800, 5), "NOUN": (800, 4)})))
     assert "kept 9 of 1,600" in s and "function words 5 of 800 (0.6 %)" in s and "DET 5/800" in s
 
 
 def test_class_comparison_thresholds():
-    assert pos.MIN_KEPT_PER_CLASS == 30 and pos.MIN_KEPT_SHARE == 0.10
-    ok = pos.class_comparison(pos.filter_table(_checked({"DET": (300, 30), "NOUN": (300, 30)})))
+    assert pos_filter.MIN_KEPT_PER_CLASS == 30 and pos_filter.MIN_KEPT_SHARE == 0.10
+    ok = pos_filter.class_comparison(pos_filter.filter_table(_checked({"DET": (300, 30), "NOUN": (300, 30)})))
     assert ok == (True, "")  # exactly at both thresholds
-    few = pos.class_comparison(pos.filter_table(_checked({"DET": (145, 29), "NOUN": (300, 30)})))
+    few = pos_filter.class_comparison(pos_filter.filter_table(_checked({"DET": (145, 29), "NOUN": (300, 30)})))
     assert not few.ok and "29 of 145 function-word" in few.reason and "(20 %; at least 30 examples needed)" in few.reason and "content-word" not in few.reason
-    rare = pos.class_comparison(pos.filter_table(_checked({"DET": (300, 30), "VERB": (301, 30)})))
+    rare = pos_filter.class_comparison(pos_filter.filter_table(_checked({"DET": (300, 30), "VERB": (301, 30)})))
     assert not rare.ok and "30 of 301 content-word candidates passed" in rare.reason and "(9.9 %; at least 10 % needed)" in rare.reason
-    both = pos.class_comparison(pos.filter_table(_checked({"DET": (800, 5), "NOUN": (800, 4)})))
+    both = pos_filter.class_comparison(pos_filter.filter_table(_checked({"DET": (800, 5), "NOUN": (800, 4)})))
     assert not both.ok and "5 of 800 function-word" in both.reason and "4 of 800 content-word" in both.reason
     assert "(0.6 %; at least 30 examples and 10 % needed)" in both.reason and "gap" in both.reason
     # per tag it is the class that counts: two function tags of 15 make 30
-    assert pos.class_comparison(pos.filter_table(_checked({"DET": (40, 15), "ADP": (40, 15), "NOUN": (40, 30)}))).ok
+    assert pos_filter.class_comparison(pos_filter.filter_table(_checked({"DET": (40, 15), "ADP": (40, 15), "NOUN": (40, 30)}))).ok
     # too few analysed (n_per_tag caps them), though enough were kept
     checked = _checked({"DET": (100, 40), "NOUN": (100, 40)})
-    capped = pos.class_comparison(pos.filter_table(checked, checked[checked["correct"]].groupby("tag").head(10)))
+    capped = pos_filter.class_comparison(pos_filter.filter_table(checked, checked[checked["correct"]].groupby("tag").head(10)))
     assert not capped.ok and "10 function-word examples are analysed" in capped.reason
-    one_class = pos.class_comparison(pos.filter_table(_checked({"DET": (100, 90)})))
+    one_class = pos_filter.class_comparison(pos_filter.filter_table(_checked({"DET": (100, 90)})))
     assert not one_class.ok and "no content-word candidates" in one_class.reason
     # other thresholds can be passed
-    assert pos.class_comparison(pos.filter_table(_checked({"DET": (145, 29), "NOUN": (150, 30)})), min_kept=20).ok
+    assert pos_filter.class_comparison(pos_filter.filter_table(_checked({"DET": (145, 29), "NOUN": (150, 30)})), min_kept=20).ok
