@@ -11,8 +11,12 @@ numbers show.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from depthkit.stats import LEVEL, MIN_N
+
+if TYPE_CHECKING:
+    from depthkit.models import ModelInfo
 
 CI_LABEL = f"{LEVEL:.0%} CI".replace("%", " %")
 NO_INTERVAL = f"interval cannot be measured here: fewer than {MIN_N} units"
@@ -82,3 +86,18 @@ def difference(
         return f"no clear difference between {subject} and {than} ({diff:+.{digits}f} {unit}, {ci})"
     word = more if diff > 0 else less
     return f"{subject} are {abs(diff):.{digits}f} {unit} {word} than {than} ({ci})"
+
+
+def model_note(info: ModelInfo, lens_name: str, convention: str, *, paper: str = "one of the paper's 7–8B models") -> str:
+    """The sentence every chapter opens its results with: which model (and that
+    quantised weights of a small model are not the paper's models), which lens, which
+    layer convention."""
+    shape = f"{info.n_blocks} blocks, vocabulary {info.d_vocab:,}"
+    if info.is_quantised:
+        who = (
+            f"**{info.name}** ({shape}) runs here from {info.quantisation} weights: a small quantised model, "
+            f"not {paper}. Compare shapes and orders of magnitude with the paper, not exact values."
+        )
+    else:
+        who = f"**{info.name}** ({shape}, weights not quantised)."
+    return f"{who} Lens: **{lens_name}**, layer convention **{convention}**."

@@ -127,6 +127,7 @@ def test_headlines_read_the_transitions_table():
 
 def test_model_line_mentions_quantisation():
     info = SimpleNamespace(name="m", n_blocks=30, d_model=576, d_vocab=49152, quantisation="4-bit", is_quantised=True)
-    assert "4-bit model" in ch.model_line(info, "tuned", "canonical")
+    line = ch.model_line(info, "tuned", "canonical")
+    assert "4-bit weights" in line and "not one of the paper's" in line
     plain = ch.model_line(SimpleNamespace(**{**info.__dict__, "is_quantised": False}), "logit", "authors")
     assert "weights not quantised" in plain and "**authors**" in plain

@@ -32,3 +32,14 @@ def test_a_difference_is_a_finding_only_when_its_interval_excludes_zero():
     assert "no finding" in narrate.difference(-1.2, math.nan, math.nan, **LATER)
     assert "cannot be measured" in narrate.difference(math.nan, math.nan, math.nan, **LATER)
     assert not narrate.excludes_zero(0.0, 1.0) and narrate.excludes_zero(0.1, 1.0)
+
+
+def test_model_note_names_quantisation_lens_and_convention():
+    from types import SimpleNamespace
+
+    info = SimpleNamespace(name="m", n_blocks=30, d_vocab=49152, quantisation="Q4_1", is_quantised=True)
+    note = narrate.model_note(info, "tuned", "authors", paper="Pythia-6.9B")
+    assert "from Q4_1 weights" in note and "not Pythia-6.9B" in note
+    assert "**tuned**" in note and "**authors**" in note and "49,152" in note
+    plain = narrate.model_note(SimpleNamespace(**{**info.__dict__, "is_quantised": False}), "logit", "canonical")
+    assert "weights not quantised" in plain and "Q4_1" not in plain

@@ -67,16 +67,7 @@ def load_prompts(dataset: str, n_prompts: int, seed: int) -> tuple[pd.DataFrame,
 
 
 def model_note(info: Any, lens_name: str, convention: str) -> str:
-    L = info.n_blocks
-    if info.is_quantised:
-        head = (
-            f"**{info.name}** ({L} blocks, vocabulary {info.d_vocab:,}) runs here from {info.quantisation} weights: "
-            "a small 4-bit quantised model, not one of the paper's 7-8B models (GPT2-XL, Pythia-6.9B, Llama-2-7B, "
-            "Llama-3-8B). Compare shapes and orders of magnitude with the paper, not exact values."
-        )
-    else:
-        head = f"**{info.name}** ({L} blocks, vocabulary {info.d_vocab:,}, weights not quantised)."
-    return f"{head} Lens: **{lens_name}**, layer convention **{convention}**."
+    return narrate.model_note(info, lens_name, convention)
 
 
 def per_prompt(steps: pd.DataFrame, final: pd.DataFrame, freq: pd.DataFrame) -> pd.DataFrame:

@@ -32,12 +32,7 @@ PAPER = pd.DataFrame(
 
 
 def model_note(info: Any, lens_name: str, convention: str) -> str:
-    quant = "" if not info.is_quantised else (
-        f" Its weights are **{info.quantisation}**: a small quantised model, not one of the paper's "
-        "7–8B models, so its numbers are not the paper's numbers."
-    )
-    return (f"Model **{info.name}** ({info.n_blocks} blocks, vocabulary {info.d_vocab:,}), "
-            f"read through the **{lens_name} lens** ({convention} layer convention).{quant}")
+    return narrate.model_note(info, lens_name, convention)
 
 
 def task_prompts(model, task: str, p: Mapping[str, Any], *, labels: str | None = None, permute: bool = False) -> pd.DataFrame:

@@ -24,12 +24,7 @@ PAPER = pd.DataFrame(
 
 
 def model_note(info: Any, lens_name: str, convention: str) -> str:
-    quant = "" if not info.is_quantised else (
-        f" Its weights are **{info.quantisation}**: a small quantised model, not Pythia-6.9B, "
-        "so its numbers are not the paper's numbers."
-    )
-    return (f"Model **{info.name}** ({info.n_blocks} blocks, vocabulary {info.d_vocab:,}), read through the **{lens_name} lens** "
-            f"({convention} layer convention).{quant}")
+    return narrate.model_note(info, lens_name, convention, paper="Pythia-6.9B")
 
 
 def fact_sets(p: Mapping[str, Any]) -> dict[str, pd.DataFrame]:

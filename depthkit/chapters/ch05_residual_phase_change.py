@@ -29,15 +29,7 @@ MCQ_SLUG = "02_mcq_collection_vs_reasoning"
 
 
 def model_line(info: Any, lens_name: str, convention: str) -> str:
-    """One Markdown sentence on the model, its quantisation, the lens and convention."""
-    shape = f"{info.n_blocks} blocks, d_model {info.d_model}, vocabulary {info.d_vocab:,}"
-    who = (
-        f"**{info.name}** is a {info.quantisation} model ({shape}), a small quantised model, not one of the "
-        "paper's 7-8B models: compare shapes, not exact values."
-        if info.is_quantised
-        else f"**{info.name}** ({shape}, weights not quantised)."
-    )
-    return f"{who} Lens: **{lens_name}**, layer convention **{convention}**."
+    return narrate.model_note(info, lens_name, convention)
 
 
 def update_curves(updates: pd.DataFrame, *, n_boot: int, seed: int) -> pd.DataFrame:

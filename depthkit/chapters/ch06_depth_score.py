@@ -29,22 +29,15 @@ SAVING_LABELS = {"confidence": "confidence policy", "fixed": "fixed exit", "orac
 
 
 def model_line(info: Any, lens_name: str, convention: str) -> str:
-    """One Markdown paragraph on the model, the lens and convention, warning about the
-    logit lens (its confident early echoes of the input distort a confidence exit)."""
-    shape = f"{info.n_blocks} blocks, vocabulary {info.d_vocab:,}"
-    who = (
-        f"**{info.name}** is a {info.quantisation} model ({shape}), a small quantised model, not one of the "
-        "paper's 7-8B models: compare shapes, not exact values."
-        if info.is_quantised
-        else f"**{info.name}** ({shape}, weights not quantised)."
-    )
+    """The model note, warning about the logit lens (its confident early echoes of the
+    input distort a confidence exit)."""
     warning = (
         " With the logit lens, early layers of small models often echo the input token with high confidence, "
         "which makes a confidence-based exit look far better or worse than it is: prefer the tuned lens here."
         if lens_name == "logit"
         else ""
     )
-    return f"{who} Lens: **{lens_name}**, layer convention **{convention}**.{warning}"
+    return narrate.model_note(info, lens_name, convention) + warning
 
 
 def scores_with_buckets(traj: Any, freq: pd.DataFrame) -> pd.DataFrame:
