@@ -20,6 +20,9 @@ import pandas as pd
 from depthkit.stats import LEVEL, MIN_N, bootstrap_ci
 
 _KEYS = ("item", "position")
+# Row 0 is the token embedding read through the lens, before any block has run: a
+# lens-only baseline, not depth. Onsets and "early" windows start here.
+FIRST_DEPTH_LAYER = 1
 
 
 def _require(df: pd.DataFrame, columns: Sequence[str], what: str) -> None:
@@ -210,18 +213,23 @@ def _one_target(targets: pd.DataFrame, target: str | None) -> pd.DataFrame:
     return targets
 
 
-def onset_layers(targets: pd.DataFrame, ks: Sequence[int] | None = None, *, target: str | None = None) -> pd.DataFrame:
-    """Per item and k, the earliest layer at which the target's rank is ≤ k
-    (``NaN`` if it never is).
+def onset_layers(
+    targets: pd.DataFrame, ks: Sequence[int] | None = None, *, target: str | None = None, first_layer: int = 0
+) -> pd.DataFrame:
+    """Per item and k, the earliest layer ≥ ``first_layer`` at which the target's
+    rank is ≤ k (``NaN`` if it never is).
 
     ``targets``: rows ``[item, (position,) layer, rank]`` of one target (e.g.
     ``traj.target("answer")``; pass ``target=`` to pick one from a frame of several).
-    ``ks`` defaults to :func:`log_grid`. Returns ``[item, (position,) k, onset]``.
+    ``ks`` defaults to :func:`log_grid`. Pass ``first_layer=FIRST_DEPTH_LAYER`` to
+    count depth only (layer 0 is the embedding read through the lens). Returns
+    ``[item, (position,) k, onset]``.
     """
     ks = log_grid() if ks is None else [int(k) for k in ks]
     if not ks or min(ks) < 1:
         raise ValueError(f"ks must be positive integers, got {ks}.")
     t = _one_target(targets, target)
+    t = t[t["layer"] >= int(first_layer)]
     keys = _keys(t)
     wide = t.pivot(index=keys, columns="layer", values="rank").sort_index(axis=1)
     layers = wide.columns.to_numpy()

@@ -27,11 +27,27 @@ MIN_KEPT_PER_CLASS: int = 30
 MIN_KEPT_SHARE: float = 0.10
 
 
+def is_word_token(tag: str, token: str) -> bool:
+    """Whether an answer's first token stands for a word of its tag: letters for a
+    word ("13th" tagged ADJ whose first token is "1", or "-" before "based", are
+    tokenisation artefacts that reach rank 1 at once and say nothing about the
+    class), digits for NUM, no letters or digits for PUNCT, and never bare
+    whitespace."""
+    t = token.strip()
+    if not t:
+        return False
+    if tag == "PUNCT":
+        return not any(c.isalnum() for c in t)
+    if tag == "NUM":
+        return any(c.isdigit() for c in t)
+    return any(c.isalpha() for c in t)
+
+
 class FilterResult(NamedTuple):
     """Outcome of :func:`correctness_filter`."""
 
-    kept: pd.DataFrame  # the examples the model predicts correctly, with answer_id
-    checked: pd.DataFrame  # every example, with answer_id, greedy_id, greedy_token, correct
+    kept: pd.DataFrame  # the examples the model predicts correctly whose first answer token is a word, with answer_id
+    checked: pd.DataFrame  # every example, with answer_id, answer_token, word_token, greedy_id, greedy_token, correct
     report: pd.DataFrame  # per tag: candidates, kept, kept_share
 
 
@@ -65,7 +81,8 @@ def greedy_next_tokens(model, prompts: Sequence[str], *, batch_size: int = 16, p
 
 def correctness_filter(model, examples: pd.DataFrame, *, batch_size: int = 16, progress: bool = True) -> FilterResult:
     """Keep the examples whose greedy next token is the answer's first token (the
-    answer tokenised as it follows the prompt, :func:`depthkit.answer_token_ids`).
+    answer tokenised as it follows the prompt, :func:`depthkit.answer_token_ids`)
+    and whose first token is a word of its tag (:func:`is_word_token`).
 
     Returns the kept rows, every row with its check, and a per-tag report of how many
     each tag keeps.
@@ -84,45 +101,53 @@ def correctness_filter(model, examples: pd.DataFrame, *, batch_size: int = 16, p
     ]
     checked["greedy_id"] = greedy_next_tokens(model, checked["prompt"].tolist(), batch_size=batch_size, progress=progress)
     tok = tokenizer_of(model)
+    checked["answer_token"] = [tok.decode([int(i)]) for i in checked["answer_id"]]
+    checked["word_token"] = [is_word_token(str(t), a) for t, a in zip(checked["tag"], checked["answer_token"])]
     checked["greedy_token"] = [tok.decode([int(i)]) for i in checked["greedy_id"]]
     checked["correct"] = checked["answer_id"] == checked["greedy_id"]
+    keep = checked["correct"] & checked["word_token"]
     report = (
-        checked.groupby("tag", sort=False)["correct"]
+        checked.assign(keep=keep).groupby("tag", sort=False)["keep"]
         .agg(candidates="size", kept="sum")
         .reset_index()
         .astype({"kept": np.int64})
     )
     report["kept_share"] = report["kept"] / report["candidates"]
-    kept = checked[checked["correct"]].drop(columns=["correct"]).reset_index(drop=True)
+    kept = checked[keep].drop(columns=["correct"]).reset_index(drop=True)
     return FilterResult(kept=kept, checked=checked, report=report)
 
 
 def filter_table(checked: pd.DataFrame, analysed: pd.DataFrame | None = None) -> pd.DataFrame:
     """How many candidates the correctness filter kept, per tag and per word class.
 
-    ``checked``: every candidate with its ``tag`` and ``correct`` (the ``checked``
-    frame of :func:`correctness_filter`). ``analysed``: optionally the examples that
-    go on to the analysis (e.g. the kept ones capped per tag), counted per tag.
+    ``checked``: every candidate with its ``tag`` and ``correct`` (and, optionally,
+    ``word_token``; the ``checked`` frame of :func:`correctness_filter`).
+    ``analysed``: optionally the examples that go on to the analysis (e.g. the kept
+    ones capped per tag), counted per tag.
 
     Returns one row per tag (in order of first appearance), then one per word class
     present (function, content, other): ``[level, group, word_class, candidates,
-    kept, kept_share]`` plus ``analysed`` when given; ``level`` is ``"tag"`` or
-    ``"class"`` and ``group`` the tag or the class.
+    not_word, kept, kept_share]`` plus ``analysed`` when given; ``level`` is
+    ``"tag"`` or ``"class"`` and ``group`` the tag or the class; ``not_word`` counts
+    the correct predictions dropped because the answer's first token is no word.
     """
     missing = [c for c in ("tag", "correct") if c not in checked.columns]
     if missing:
         raise ValueError(f"The checked examples lack column(s) {missing}; pass correctness_filter(...).checked.")
-    frame = pd.DataFrame({"tag": checked["tag"].astype(str).to_numpy(), "correct": checked["correct"].astype(bool).to_numpy()})
+    correct = checked["correct"].astype(bool).to_numpy()
+    word = checked["word_token"].astype(bool).to_numpy() if "word_token" in checked.columns else np.ones_like(correct)
+    frame = pd.DataFrame({"tag": checked["tag"].astype(str).to_numpy(), "kept": correct & word, "not_word": correct & ~word})
     frame["word_class"] = frame["tag"].map(word_class)
     tag_order = list(dict.fromkeys(frame["tag"]))
-    by_tag = frame.groupby("tag", sort=False).agg(word_class=("word_class", "first"), candidates=("correct", "size"), kept=("correct", "sum"))
+    counts = dict(candidates=("kept", "size"), not_word=("not_word", "sum"), kept=("kept", "sum"))
+    by_tag = frame.groupby("tag", sort=False).agg(word_class=("word_class", "first"), **counts)
     by_tag = by_tag.reindex(tag_order).reset_index().rename(columns={"tag": "group"}).assign(level="tag")
     present = [c for c in CLASSES if c in set(frame["word_class"])]
-    by_class = frame.groupby("word_class").agg(candidates=("correct", "size"), kept=("correct", "sum")).reindex(present).reset_index()
+    by_class = frame.groupby("word_class").agg(**counts).reindex(present).reset_index()
     by_class = by_class.assign(group=by_class["word_class"], level="class")
-    cols = ["level", "group", "word_class", "candidates", "kept"]
+    cols = ["level", "group", "word_class", "candidates", "not_word", "kept"]
     out = pd.concat([by_tag[cols], by_class[cols]], ignore_index=True)
-    out = out.astype({"candidates": np.int64, "kept": np.int64})
+    out = out.astype({"candidates": np.int64, "not_word": np.int64, "kept": np.int64})
     out["kept_share"] = out["kept"] / out["candidates"]
     if analysed is not None:
         if "tag" not in analysed.columns:
@@ -203,7 +228,14 @@ def filter_sentence(table: pd.DataFrame) -> str:
         f"{r.group} words {r.kept:,} of {r.candidates:,} ({_share(r.kept_share)})" for r in classes.itertuples()
     )
     per_tag = ", ".join(f"{r.group} {r.kept}/{r.candidates}" for r in tags.itertuples())
+    not_word = int(tags["not_word"].sum()) if "not_word" in tags.columns else 0
+    dropped = (
+        f" A further {not_word:,} correct prediction{'s were' if not_word != 1 else ' was'} dropped because the "
+        "answer's first token is not a word of its tag (a digit of \"13th\", a bare hyphen)."
+        if not_word
+        else ""
+    )
     return (
         f"The correctness filter kept {kept:,} of {total:,} candidate prompts ({_share(kept / total if total else 0.0)}): "
-        f"{per_class} (per tag: {per_tag})."
+        f"{per_class} (per tag: {per_tag}).{dropped}"
     )

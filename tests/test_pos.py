@@ -139,8 +139,10 @@ def test_correctness_filter_hand_checked(tiny_llama):
     assert res.checked["greedy_id"].tolist() == greedy
     assert res.checked["correct"].tolist() == [True, False, dk.answer_token_ids(model, prompts[2], right2)[0] == greedy[2]]
     rep = res.report.set_index("tag")
-    assert rep.loc["DET", "candidates"] == 2 and rep.loc["DET", "kept"] == 1 and rep.loc["DET", "kept_share"] == 0.5
-    assert res.kept["prompt"].iloc[0] == prompts[0]
+    word = pos_filter.is_word_token("DET", right)  # a random model's greedy token need not be a word
+    assert res.checked["word_token"].iloc[0] == word
+    assert rep.loc["DET", "candidates"] == 2 and rep.loc["DET", "kept"] == int(word) and rep.loc["DET", "kept_share"] == word / 2
+    assert (res.kept["prompt"].iloc[0] == prompts[0]) if word else (prompts[0] not in set(res.kept["prompt"]))
     assert (res.kept["answer_id"] == res.kept["greedy_id"]).all()
     with pytest.raises(ValueError, match="lack column"):
         pos_filter.correctness_filter(model, examples.drop(columns="answer"))
@@ -285,7 +287,7 @@ def test_filter_table_counts():
     checked = _checked({"DET": (10, 3), "NOUN": (8, 8), "ADP": (5, 0), "PROPN": (4, 1), "VERB": (2, 1)})
     analysed = checked[checked["correct"]].groupby("tag").head(2)
     t = pos_filter.filter_table(checked, analysed)
-    assert list(t.columns) == ["level", "group", "word_class", "candidates", "kept", "kept_share", "analysed"]
+    assert list(t.columns) == ["level", "group", "word_class", "candidates", "not_word", "kept", "kept_share", "analysed"]
     assert t[["level", "group", "word_class"]].values.tolist() == [
         ["tag", "DET", "function"], ["tag", "NOUN", "content"], ["tag", "ADP", "function"],
         ["tag", "PROPN", "other"], ["tag", "VERB", "content"],
@@ -298,6 +300,26 @@ def test_filter_table_counts():
     assert "analysed" not in pos_filter.filter_table(checked).columns
     with pytest.raises(ValueError, match="correct"):
         pos_filter.filter_table(checked.drop(columns="correct"))
+
+
+def test_first_tokens_that_are_no_word_are_told_apart():
+    assert pos_filter.is_word_token("NOUN", " mat") and pos_filter.is_word_token("ADJ", "th")
+    assert not pos_filter.is_word_token("ADJ", "1")  # "13th" split into digits
+    assert not pos_filter.is_word_token("NOUN", "-") and not pos_filter.is_word_token("DET", " ")
+    assert pos_filter.is_word_token("PUNCT", ",") and not pos_filter.is_word_token("PUNCT", " and")
+    assert pos_filter.is_word_token("NUM", " 13") and not pos_filter.is_word_token("NUM", " thirteen")
+
+
+def test_filter_table_counts_correct_predictions_that_are_no_word_apart():
+    checked = _checked({"DET": (10, 4), "NOUN": (6, 3)})
+    checked["word_token"] = True
+    checked.loc[[0, 10], "word_token"] = False  # one correct DET, one correct NOUN: digits, hyphens
+    checked.loc[9, "word_token"] = False  # a wrong prediction counts as not kept, not as no word
+    t = pos_filter.filter_table(checked).set_index("group")
+    assert t.loc["DET", ["candidates", "not_word", "kept"]].tolist() == [10, 1, 3]
+    assert t.loc["content", ["candidates", "not_word", "kept"]].tolist() == [6, 1, 2]
+    s = pos_filter.filter_sentence(t.reset_index())
+    assert "kept 5 of 16" in s and "A further 2 correct predictions were dropped" in s
 
 
 def test_filter_sentence_says_what_was_kept():

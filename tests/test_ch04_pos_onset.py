@@ -1,0 +1,110 @@
+"""Chapter 04's module on small constructed frames: onsets from layer 1, the rank-1
+tables, the two frequency controls and what the summary may claim from them."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+
+from depthkit import metrics
+from depthkit.chapters import HEADLINE_COLUMNS, PAPER_COLUMNS
+from depthkit.chapters import ch04_pos_onset as ch
+
+TAG_CLASS = {"DET": "function", "NOUN": "content"}
+
+
+def k1_frame(n_per_class: int, gap_in_bin: float, seed: int = 0, bins: tuple[str, ...] = ("1-10", "11-30")) -> pd.DataFrame:
+    """k = 1 onsets: in every frequency bin, content words ``gap_in_bin`` layers
+    after function words, plus noise."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for b_i, b in enumerate(bins):
+        for tag, cls in TAG_CLASS.items():
+            for _ in range(n_per_class):
+                base = 5 + 4 * b_i + (gap_in_bin if cls == "content" else 0)
+                rows.append({"tag": tag, "word_class": cls, "onset": base + rng.normal(0, 1), "freq_bin": b,
+                             "freq_rank": 10 ** (b_i + 0.5), "k": 1, "item": len(rows)})
+    k1 = pd.DataFrame(rows)
+    k1["freq_bin"] = pd.Categorical(k1["freq_bin"], categories=list(bins), ordered=True)
+    return k1
+
+
+def test_onsets_start_at_layer_1():
+    # item 0 is at rank 1 from the embedding on (layer 0): its depth onset is layer 1
+    targets = pd.DataFrame({"item": [0, 0, 0, 1, 1, 1], "layer": [0, 1, 2] * 2, "rank": [1, 1, 1, 1, 5, 1]})
+    traj = SimpleNamespace(target=lambda name: targets)
+    kept = pd.DataFrame({"tag": ["DET", "NOUN"], "word_class": ["function", "content"], "answer": [" the", " cat"],
+                         "answer_id": [1, 2], "prompt": ["a b c", "d e f"]})
+    freq = pd.DataFrame({"token_id": [0, 1, 2], "count": [1, 10, 5], "rank": [3, 1, 2]})
+    on = ch.onsets_of(traj, kept, freq, [1, 10], ["DET", "NOUN"])
+    k1 = on[on["k"] == 1].set_index("item")["onset"]
+    assert k1.tolist() == [1.0, 2.0]
+    assert on[on["k"] == 10].set_index("item")["onset"].tolist() == [1.0, 1.0]
+    assert metrics.onset_layers(targets, [1]).set_index("item")["onset"].tolist() == [0.0, 0.0]  # the lens-only view
+    assert on["prompt_end"].iloc[0] == "…a b c" and list(on["tag"].cat.categories) == ["DET", "NOUN"]
+
+
+def test_rank1_tables_and_gap():
+    k1 = k1_frame(20, 6.0).drop(columns="k")
+    on = k1.assign(k=1)
+    r1 = ch.rank1(on, 30, compare=True, n_boot=200, seed=0)
+    assert set(r1["by_class"]["word_class"]) == {"function", "content"}
+    assert abs(r1["gap"]["diff"] - 6.0) < 0.8 and r1["gap"]["lo"] > 0
+    table = ch.rank1_table(r1, 30, "toy")
+    assert table["group"].tolist() == ["DET", "NOUN", "content", "function", "function", "content"]
+    assert table["source"].iloc[-1].startswith("paper (reference)")
+    none = ch.rank1(on, 30, compare=False, n_boot=50, seed=0)
+    assert none["gap"] is None and none["by_class"].empty
+
+
+def test_both_controls_agreeing_make_a_finding():
+    k1 = k1_frame(20, 3.0)
+    c = ch.frequency_controls(k1, n_boot=300, seed=0)
+    assert c["matched"]["used"].iloc[:-1].all() and c["adjusted"]["estimate"].iloc[0] > 2
+    text = ch.frequency_verdict(c["matched"], c["adjusted"])
+    assert text.startswith("At equal frequency content words reach rank 1 later than function words, by both controls")
+
+
+def test_no_difference_in_both_controls_is_said_so():
+    c = ch.frequency_controls(k1_frame(20, 0.0, seed=3), n_boot=300, seed=0)
+    assert ch.frequency_verdict(c["matched"], c["adjusted"]).startswith("Neither frequency control finds a difference")
+
+
+def test_thin_bins_are_left_out_and_a_lone_control_makes_no_finding():
+    # one content example per bin: no bin holds MIN_PER_BIN of each class
+    k1 = k1_frame(20, 6.0)
+    k1 = pd.concat([k1[k1["word_class"] == "function"], k1[k1["word_class"] == "content"].groupby("freq_bin", observed=True).head(1)])
+    c = ch.frequency_controls(k1, n_boot=200, seed=0)
+    assert not c["matched"]["used"].iloc[:-1].any()
+    text = ch.frequency_verdict(c["matched"], c["adjusted"])
+    assert "cannot be made" in text and "cannot separate word class from frequency" in text and "later than" not in text
+
+
+def test_controls_that_disagree_make_no_finding():
+    matched = pd.DataFrame([{"stratum": "1-10", "used": True, "n_a": 30, "n_b": 30, "diff": -2.0, "lo": -3.0, "hi": -1.0},
+                            {"stratum": "matched (weighted)", "used": True, "n_a": 30, "n_b": 30, "diff": -2.0, "lo": -3.0, "hi": -1.0}])
+    adjusted = pd.DataFrame([{"estimate": 2.1, "lo": -1.2, "hi": 5.8, "slope": 1.0, "n_a": 30, "n_b": 30}])
+    text = ch.frequency_verdict(matched, adjusted)
+    assert text.startswith("The frequency controls do not agree") and "earlier" not in text
+    assert "-2.0 layers (95 % CI -3.0–-1.0 layers)" in text and "2.1 layers (95 % CI -1.2–5.8 layers)" in text
+
+
+def test_summary_without_a_comparison_gives_the_reason_and_no_class_numbers():
+    on = k1_frame(12, 6.0).assign(k=1)
+    r1 = ch.rank1(on, 30, compare=False, n_boot=50, seed=0)
+    report = pd.DataFrame({"level": ["tag", "tag", "class", "class"], "group": ["DET", "NOUN", "function", "content"],
+                           "word_class": ["function", "content", "function", "content"], "candidates": [100, 100, 100, 100],
+                           "not_word": [0, 0, 0, 0], "kept": [24, 24, 24, 24], "kept_share": [0.24] * 4})
+    text = ch.summary(report, r1, None, reason="Function and content words cannot be compared on this run: x.",
+                      n_blocks=30, n_per_tag=100, lens_name="tuned", weights="Q4_1", minutes=1.0)
+    assert "cannot be compared on this run" in text and "Function words" not in text and "layers 1 to 30" in text
+
+
+def test_headlines_and_paper_rows():
+    run = {"k1_by_class": pd.DataFrame({"word_class": ["function", "content"], "estimate": [5.0, 20.0],
+                                        "lo": [4.0, 19.0], "hi": [6.0, 21.0], "n": [40, 40]})}
+    out = ch.headlines(run)
+    assert list(out.columns) == HEADLINE_COLUMNS and out["quantity"].tolist() == ["rank-1 onset, function words", "rank-1 onset, content words"]
+    assert list(ch.PAPER.columns) == PAPER_COLUMNS and ch.PAPER["value"].tolist() == [5 / 32, 20 / 32]
