@@ -68,6 +68,16 @@ def label_buckets(steps: pd.DataFrame, freq: pd.DataFrame, *, edges: Sequence[in
     return out
 
 
+def _rate(hits: np.ndarray, n_boot: int, seed: int, level: float, min_n: int) -> dict[str, float]:
+    """The share of 0/1 ``hits``, their count, and with ``n_boot`` its interval
+    (the hits resampled)."""
+    out = {"rate": float(hits.mean()), "hits": int(hits.sum())}
+    if n_boot:
+        ci = bootstrap_ci(hits, n_boot=n_boot, seed=seed, level=level, min_n=min_n)
+        out.update(lo=ci.lo, hi=ci.hi)
+    return out
+
+
 def bucket_shares(
     steps: pd.DataFrame,
     freq: pd.DataFrame,
@@ -93,11 +103,8 @@ def bucket_shares(
         codes = g["bucket"].cat.codes.to_numpy()
         for j, b in enumerate(order):
             hit = (codes == j).astype(float)
-            row = {"layer": int(layer), "bucket": b, "share": hit.mean(), "n": int(hit.sum()), "n_total": len(hit)}
-            if n_boot:
-                ci = bootstrap_ci(hit, n_boot=n_boot, seed=seed, level=level, min_n=min_n)
-                row.update(lo=ci.lo, hi=ci.hi)
-            rows.append(row)
+            r = _rate(hit, n_boot, seed, level, min_n)
+            rows.append({"layer": int(layer), "bucket": b, "share": r.pop("rate"), "n": r.pop("hits"), "n_total": len(hit), **r})
     out = pd.DataFrame(rows)
     out["bucket"] = pd.Categorical(out["bucket"], categories=order, ordered=True)
     return out
@@ -149,11 +156,8 @@ def flip_rates(
     rows = []
     for (layer, bucket), g in merged.groupby(["layer", "bucket"], sort=True, observed=True):
         v = g["flip"].to_numpy()
-        row = {"layer": int(layer), "bucket": bucket, "flip_rate": v.mean(), "n_flipped": int(v.sum()), "n": len(v)}
-        if n_boot:
-            ci = bootstrap_ci(v, n_boot=n_boot, seed=seed, level=level, min_n=min_n)
-            row.update(lo=ci.lo, hi=ci.hi)
-        rows.append(row)
+        r = _rate(v, n_boot, seed, level, min_n)
+        rows.append({"layer": int(layer), "bucket": bucket, "flip_rate": r.pop("rate"), "n_flipped": r.pop("hits"), "n": len(v), **r})
     out = pd.DataFrame(rows)
     out["bucket"] = pd.Categorical(out["bucket"], categories=lab["bucket"].cat.categories, ordered=True)
     return out

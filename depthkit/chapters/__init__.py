@@ -30,7 +30,7 @@ import difflib
 import importlib
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,12 @@ LENS_PARAMS: dict[str, Param] = {
     "convention": Param(str, choices=("canonical", "authors"), help="layer convention"),
 }
 RESULTS_PARAM: dict[str, Param] = {"results_root": Param(str, optional=True, help="folder of the result tables")}
+# Parameters many chapters share, with one meaning and one range everywhere.
+SEED = Param(int, min=0)
+N_BOOT = Param(int, min=10, max=100_000, help="bootstrap resamples of the 95 % intervals")
+BATCH_SIZE = Param(int, min=1, max=512)
+N_TEXTS = Param(int, min=2, max=3000, help="number of passages")
+MAX_TOKENS = Param(int, min=16, max=4096, help="tokens per passage")
 
 Check = Callable[[dict[str, Any]], str | None]
 
@@ -82,8 +88,13 @@ class Chapter:
         return "model" in self.params
 
 
-def _model_chapter(*, lens: bool = True, **own: Param) -> dict[str, Param]:
-    return {**MODEL_PARAMS, **(LENS_PARAMS if lens else {}), **own, **RESULTS_PARAM}
+SHARED = {"seed": SEED, "n_boot": N_BOOT, "batch_size": BATCH_SIZE}
+
+
+def _model_chapter(*, lens: bool = True, shared: tuple[str, ...] = ("seed", "n_boot", "batch_size"), **own: Param) -> dict[str, Param]:
+    """The spec of a chapter that loads a model: model and lens parameters, its own,
+    then the ``shared`` ones (in the notebooks' order), then the results folder."""
+    return {**MODEL_PARAMS, **(LENS_PARAMS if lens else {}), **own, **{k: SHARED[k] for k in shared}, **RESULTS_PARAM}
 
 
 def _distinct_patch_tasks(p: dict[str, Any]) -> str | None:
@@ -113,10 +124,10 @@ CHAPTERS: dict[str, Chapter] = {
             "Logit lens and tuned lens",
             params=_model_chapter(
                 lens=False,
+                shared=("seed",),
                 lens_budget=LENS_PARAMS["lens_budget"],
                 bias_budget=Param(str, choices=("default", "smoke"), help="budget of the down-weighted lenses"),
                 convention=LENS_PARAMS["convention"],
-                seed=Param(int, min=0),
                 n_eval=Param(int, min=10, max=5000, help="prompts of the prompt-level comparison"),
                 example_prompts=Param(list, min=1, max=10),
                 top_k=Param(int, min=1, max=20),
@@ -130,9 +141,6 @@ CHAPTERS: dict[str, Chapter] = {
             params=_model_chapter(
                 n_prompts=Param(int, min=10, max=50_000, help="number of prompts"),
                 dataset=Param(str, help="'embedded', 'hf:wikipedia' or a file of prompt records"),
-                seed=Param(int, min=0),
-                n_boot=Param(int, min=20, max=100_000),
-                batch_size=Param(int, min=1, max=512),
             ),
             smoke={"n_prompts": 12, "n_boot": 50, "lens_budget": "smoke"},
         ),
@@ -141,6 +149,7 @@ CHAPTERS: dict[str, Chapter] = {
             "02_mcq_collection_vs_reasoning",
             "Multiple choice: collecting options, then choosing",
             params=_model_chapter(
+                shared=("seed", "n_boot"),
                 tasks=Param(list, choices=MCQ_TASKS, min=1),
                 n_examples=Param(int, min=2, help="prompts per task"),
                 shots=Param(int, min=0, max=5),
@@ -153,8 +162,6 @@ CHAPTERS: dict[str, Chapter] = {
                 patch_control=Param(str, choices=MCQ_TASKS),
                 n_pairs=Param(int, min=2),
                 patch_layer_step=Param(int, min=1),
-                n_boot=Param(int, min=10),
-                seed=Param(int, min=0),
             ),
             smoke={
                 "tasks": ["mmlu", "sst2"], "n_examples": 4, "shots": 1, "controls": ["symbols"], "n_pairs": 2,
@@ -167,13 +174,12 @@ CHAPTERS: dict[str, Chapter] = {
             "03_fact_recall",
             "Multi-token fact recall",
             params=_model_chapter(
+                shared=("seed", "n_boot"),
                 dataset=Param(str, help="'curated', 'trivia_qa' or a file path"),
                 n_examples=Param(int, min=1),
                 n_trivia=Param(int, min=0),
                 max_tokens=Param(int, min=1, max=5),
                 k_grid=Param(list, item=int, min=1),
-                n_boot=Param(int, min=10),
-                seed=Param(int, min=0),
             ),
             smoke={"n_examples": 12, "n_trivia": 4, "k_grid": [1, 10, 100], "n_boot": 50, "lens_budget": "smoke"},
             checks=(_k_grid_has_one,),
@@ -190,9 +196,6 @@ CHAPTERS: dict[str, Chapter] = {
                 max_k=Param(int, min=1, max=1_000_000),
                 k_per_decade=Param(int, min=1, max=20),
                 dataset=Param(str, help="'embedded', 'hf:wikipedia', a passage file or a folder of per-tag files"),
-                seed=Param(int, min=0),
-                n_boot=Param(int, min=20, max=100_000),
-                batch_size=Param(int, min=1, max=512),
             ),
             smoke={"n_candidates": 8, "n_per_tag": 4, "max_k": 1000, "k_per_decade": 2, "n_boot": 50, "lens_budget": "smoke"},
         ),
@@ -201,14 +204,11 @@ CHAPTERS: dict[str, Chapter] = {
             "05_residual_phase_change",
             "A phase change in the residual stream",
             params=_model_chapter(
-                n_texts=Param(int, min=4, max=3000, help="number of passages"),
-                max_tokens=Param(int, min=16, max=4096, help="tokens per passage"),
+                n_texts=replace(N_TEXTS, min=4),
+                max_tokens=MAX_TOKENS,
                 n_skip_texts=Param(int, min=1, max=3000, help="passages for the layer-skipping experiment"),
                 phase_curve=Param(str, choices=UPDATE_STATS),
                 top_tol=Param(float, min=0.001, max=0.5),
-                n_boot=Param(int, min=10, max=100_000),
-                seed=Param(int, min=0),
-                batch_size=Param(int, min=1, max=512),
             ),
             smoke={"n_texts": 4, "max_tokens": 32, "n_skip_texts": 1, "n_boot": 20, "lens_budget": "smoke"},
         ),
@@ -217,16 +217,13 @@ CHAPTERS: dict[str, Chapter] = {
             "06_depth_score",
             "Depth scores and early exit",
             params=_model_chapter(
-                n_texts=Param(int, min=2, max=3000, help="number of passages"),
-                max_tokens=Param(int, min=16, max=4096, help="tokens per passage"),
+                n_texts=N_TEXTS,
+                max_tokens=MAX_TOKENS,
                 rho=Param(float, min=0.05, max=1.0),
                 target_agreement=Param(float, min=0.5, max=1.0),
                 verify_taus=Param(list, item=float, min=0, max=10),
                 n_verify_texts=Param(int, min=1, max=3000),
                 min_group=Param(int, min=1),
-                n_boot=Param(int, min=10, max=100_000),
-                seed=Param(int, min=0),
-                batch_size=Param(int, min=1, max=512),
             ),
             smoke={"n_texts": 4, "max_tokens": 32, "n_verify_texts": 1, "min_group": 3, "n_boot": 20, "lens_budget": "smoke"},
         ),
