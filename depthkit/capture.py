@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import torch
@@ -32,6 +32,9 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from depthkit.models import tokenizer_of
+
+if TYPE_CHECKING:
+    from depthkit.handles import Model
 
 T = TypeVar("T")
 
@@ -62,7 +65,7 @@ class Item:
                 )
 
 
-def pad_id(model) -> int:
+def pad_id(model: Model) -> int:
     """The token id used for padding: the tokenizer's pad, else its EOS, else 0."""
     tok = tokenizer_of(model)
     for v in (tok.pad_token_id, tok.eos_token_id, 0):
@@ -71,11 +74,11 @@ def pad_id(model) -> int:
     return 0
 
 
-def _device(model) -> torch.device:
+def _device(model: Model) -> torch.device:
     return next(model.parameters()).device
 
 
-def _out_device(model) -> torch.device:
+def _out_device(model: Model) -> torch.device:
     # With device_map the blocks may sit on several devices; residuals are gathered
     # where the readout (unembedding) lives, which is where they are decoded.
     return model.unembed.weight.device if hasattr(model.unembed, "weight") else _device(model)
@@ -91,7 +94,7 @@ def length_batches(items: Sequence[Item] | Sequence[Sequence[int]], batch_size: 
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
-def batch_tensors(model, items: Sequence[Item]):
+def batch_tensors(model: Model, items: Sequence[Item]):
     """Right-padded token ids, attention mask, and (batch, position) indices of the
     positions of interest, item by item."""
     device = _device(model)
@@ -125,7 +128,7 @@ def _options(given: dict, allowed: dict) -> dict:
     return {**allowed, **given}
 
 
-def _run(model, tokens: Tensor, mask: Tensor, hooks: list) -> None:
+def _run(model: Model, tokens: Tensor, mask: Tensor, hooks: list) -> None:
     # logits_to_keep=1: the model's full-sequence logits are never needed (readouts
     # are recomputed at the positions of interest) and would cost
     # batch x seq x vocab floats.
@@ -148,7 +151,7 @@ def _skip_hooks(block: int) -> list:
 
 @torch.no_grad()
 def collect_residuals(
-    model, items: Sequence[Item], layers: Sequence[int] | None = None, *, skip_block: int | None = None
+    model: Model, items: Sequence[Item], layers: Sequence[int] | None = None, *, skip_block: int | None = None
 ) -> Float[Tensor, "layer position d_model"]:
     """Residual vectors of one batch of items at their positions, for depths
     ``layers`` (default 0..L), as float32. Rows are ordered item by item, position
@@ -181,7 +184,7 @@ def collect_residuals(
 
 @torch.no_grad()
 def residual_rows(
-    model, items: Sequence[Item], layers: Sequence[int] | None = None, *, batch_size: int = 8, **bar: str | bool
+    model: Model, items: Sequence[Item], layers: Sequence[int] | None = None, *, batch_size: int = 8, **bar: str | bool
 ) -> Float[Tensor, "layer position d_model"]:
     """:func:`collect_residuals` over any number of items, in batches of
     ``batch_size`` taken in the given order; rows item by item as there. ``bar``:
@@ -205,7 +208,7 @@ def residual_rows(
 
 
 @torch.no_grad()
-def map_blocks(model, items: Sequence[Item], fn: Callable[[int, Tensor, Tensor, Tensor], T]) -> list[T]:
+def map_blocks(model: Model, items: Sequence[Item], fn: Callable[[int, Tensor, Tensor, Tensor], T]) -> list[T]:
     """One forward pass of a batch of items; for every block ``b``, as soon as it has
     run, ``fn(b, h_pre, h_mid, h_post)`` with its input, middle (between attention
     and MLP, ``hook_resid_mid``) and output residuals at the positions of interest
@@ -257,7 +260,7 @@ def check_layers(layers: Sequence[int], n_blocks: int) -> list[int]:
 
 @torch.no_grad()
 def patched_final_residuals(
-    model, sequences: Sequence[Sequence[int]], layers: Sequence[int], vectors: Float[Tensor, "row d_model"], **run: int | bool
+    model: Model, sequences: Sequence[Sequence[int]], layers: Sequence[int], vectors: Float[Tensor, "row d_model"], **run: int | bool
 ) -> Float[Tensor, "row d_model"]:
     """The final residual at the last position of each sequence after writing
     ``vectors[r]`` into the residual stream of ``sequences[r]`` at depth

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -32,6 +33,9 @@ from tqdm.auto import tqdm
 
 from depthkit.lenses import Lens, layer_plan
 from depthkit.trajectories import Item, Trajectories
+
+if TYPE_CHECKING:
+    from depthkit.handles import Model
 
 
 @dataclass
@@ -239,7 +243,7 @@ def saving_at(sweep: pd.DataFrame, target: float = 0.99) -> pd.DataFrame:
 
 @torch.no_grad()
 def verify_exit(
-    model,
+    model: Model,
     items: Sequence[Item],
     traj: Trajectories,
     lens: Lens,
@@ -319,7 +323,7 @@ def verify_exit(
 # Part of speech of predicted tokens
 
 
-def token_pos(model, items: Sequence[Item], texts: Sequence[str], *, nlp=None) -> pd.DataFrame:
+def token_pos(model: Model, items: Sequence[Item], texts: Sequence[str], *, nlp=None) -> pd.DataFrame:
     """Universal part-of-speech tag of the token each position predicts.
 
     ``items[i]`` must come from ``texts[i]`` (e.g. :func:`depthkit.residual.passage_items`

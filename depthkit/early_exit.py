@@ -17,6 +17,7 @@ whichever layer exits).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -29,10 +30,13 @@ from depthkit.lens_store import resolve_lens
 from depthkit.lenses import DEFAULT_LENS, Lens
 from depthkit.trajectories import Trajectories, make_items
 
+if TYPE_CHECKING:
+    from depthkit.handles import Model
+
 
 @torch.no_grad()
 def exit_logits(
-    model,
+    model: Model,
     prompts: Sequence[str] | Sequence[Item],
     layer: int,
     *,

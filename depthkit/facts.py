@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -27,6 +28,9 @@ from depthkit import data as dkdata
 from depthkit.lens_store import resolve_lens
 from depthkit.lenses import DEFAULT_LENS, Lens
 from depthkit.trajectories import Item, answer_token_ids, encode, trajectories
+
+if TYPE_CHECKING:
+    from depthkit.handles import Model
 
 FACTS_PATH = Path(__file__).resolve().parent / "datafiles" / "facts.jsonl"
 LENGTH_GROUPS = ("1", "2", "3", "4+")
@@ -112,7 +116,7 @@ def length_group(n_tokens: int) -> str:
     return str(n_tokens) if n_tokens < 4 else "4+"
 
 
-def fact_items(model, facts: pd.DataFrame, *, max_tokens: int = 3) -> tuple[list[Item], pd.DataFrame]:
+def fact_items(model: Model, facts: pd.DataFrame, *, max_tokens: int = 3) -> tuple[list[Item], pd.DataFrame]:
     """Teacher-forced items: prompt ids followed by the first answer ids, with one
     read position per answer token (up to ``max_tokens``) whose target is that token.
 
@@ -137,7 +141,7 @@ def fact_items(model, facts: pd.DataFrame, *, max_tokens: int = 3) -> tuple[list
 
 
 def answer_ranks(
-    model,
+    model: Model,
     facts: pd.DataFrame,
     *,
     lens: str | Lens = DEFAULT_LENS,

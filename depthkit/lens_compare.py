@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import pandas as pd
@@ -13,9 +13,12 @@ from depthkit.capture import collect_residuals, length_batches
 from depthkit.lenses import LayerStep, Lens, layer_plan
 from depthkit.trajectories import decode_residuals, make_items
 
+if TYPE_CHECKING:
+    from depthkit.handles import Model
+
 
 def compare_lenses(
-    model,
+    model: Model,
     prompts: Sequence[str],
     lenses: Mapping[str, Lens],
     *,

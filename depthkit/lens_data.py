@@ -15,7 +15,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -24,6 +24,9 @@ from torch import Tensor
 
 from depthkit.capture import Item, residual_rows
 from depthkit.models import ModelInfo, model_info, tokenizer_of
+
+if TYPE_CHECKING:
+    from depthkit.handles import Model
 
 Downweight = Literal["the", "top10"] | None
 DOWNWEIGHT_SETS: tuple[str, ...] = ("the", "top10")
@@ -157,7 +160,7 @@ class Split:
         return sum(len(p) for p in self.positions)
 
 
-def make_splits(model, texts: list[str], cfg: TrainConfig) -> tuple[Split, Split]:
+def make_splits(model: Model, texts: list[str], cfg: TrainConfig) -> tuple[Split, Split]:
     """Pack shuffled passages into sequences of ``seq_len``; the first passages (in
     the seeded order) feed the held-out split, the rest the training split, so the
     two never share a passage. Position 0 of each sequence and special tokens are
@@ -217,7 +220,7 @@ class LensTrainingData:
     key: tuple
 
     @staticmethod
-    def key_for(model, texts: Sequence[str] | None, cfg: TrainConfig) -> tuple:
+    def key_for(model: Model, texts: Sequence[str] | None, cfg: TrainConfig) -> tuple:
         """What the residuals depend on: model weights, text, positions and seed
         (not the optimiser settings or the down-weighting)."""
         return (
@@ -241,7 +244,7 @@ class LensTrainingData:
         return cls(train, held, resid, resid_held, cls.key_for(model, texts, cfg))
 
 
-def _split_residuals(model, split: Split, desc: str, progress: bool) -> Float[Tensor, "depth n d_model"]:
+def _split_residuals(model: Model, split: Split, desc: str, progress: bool) -> Float[Tensor, "depth n d_model"]:
     items = [Item(q, p) for q, p in zip(split.sequences, split.positions)]
     return residual_rows(model, items, batch_size=8, desc=desc, progress=progress).cpu()
 

@@ -17,7 +17,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,6 +29,9 @@ from depthkit.lenses import DEFAULT_LENS, Lens, LogitLens, TunedLens
 from depthkit.models import model_info
 from depthkit.results import model_slug
 
+if TYPE_CHECKING:
+    from depthkit.handles import Model
+
 
 class LensFileError(ValueError):
     """A saved lens that cannot be used: missing, damaged, not safetensors, or made
@@ -36,7 +39,7 @@ class LensFileError(ValueError):
 
 
 
-def lens_path(model, cfg: TrainConfig, texts: Sequence[str] | None = None, cache_dir: str | os.PathLike | None = None) -> Path:
+def lens_path(model: Model, cfg: TrainConfig, texts: Sequence[str] | None = None, cache_dir: str | os.PathLike | None = None) -> Path:
     info = model_info(model)
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     return root / "lenses" / model_slug(info.name) / f"{config_hash(cfg, info, texts)}.safetensors"
@@ -68,7 +71,7 @@ def save_lens(lens: TunedLens, path: str | os.PathLike) -> Path:
 _PICKLE_MAGIC = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05", b"PK\x03\x04")
 
 
-def load_lens(model, path: str | os.PathLike) -> TunedLens:
+def load_lens(model: Model, path: str | os.PathLike) -> TunedLens:
     """Load a saved tuned lens for ``model``, refusing (with :class:`LensFileError`)
     anything that does not fit: a missing or unreadable file, a pickle or zip
     payload, weights that do not match their sidecar (changed or truncated), wrong
@@ -131,7 +134,7 @@ def load_lens(model, path: str | os.PathLike) -> TunedLens:
 
 
 def get_tuned_lens(
-    model,
+    model: Model,
     budget: str | Mapping[str, Any] | TrainConfig = "default",
     text: str | Sequence[str] | None = None,
     cache_dir: str | os.PathLike | None = None,
@@ -158,7 +161,7 @@ def get_tuned_lens(
 
 
 def resolve_lens(
-    model,
+    model: Model,
     lens: str | Lens = DEFAULT_LENS,
     *,
     budget: str | Mapping[str, Any] | TrainConfig = "default",

@@ -31,7 +31,7 @@ import math
 import os
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
@@ -53,6 +53,9 @@ from depthkit.lens_data import (
 from depthkit.lenses import Lens, Readout, TunedLens
 from depthkit.models import model_info, tokenizer_of
 from depthkit.precision import matmul_dtype
+
+if TYPE_CHECKING:
+    from depthkit.handles import Model
 
 # ---------------------------------------------------------------------------
 # Metrics
@@ -120,7 +123,7 @@ def heldout_metrics(
 # Training
 
 
-def _downweight_ids(model, which: str) -> list[int]:
+def _downweight_ids(model: Model, which: str) -> list[int]:
     tok = tokenizer_of(model)
     if which == "the":
         ids = list(tok(" the", add_special_tokens=False)["input_ids"])
@@ -167,7 +170,7 @@ def _ridge_init(
 
 
 def train_tuned_lens(
-    model,
+    model: Model,
     texts: str | Sequence[str] | None = None,
     budget: str | Mapping[str, Any] | TrainConfig = "default",
     seed: int = 0,

@@ -49,6 +49,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -58,6 +59,9 @@ from depthkit.lens_store import resolve_lens
 from depthkit.lenses import DEFAULT_LENS, Lens
 from depthkit.stats import LEVEL, MIN_N
 from depthkit.trajectories import Trajectories, answer_token_ids, trajectories
+
+if TYPE_CHECKING:
+    from depthkit.handles import Model
 
 TASKS = ("mmlu", "sst2", "mrpc", "rte")
 LETTERS = ("A", "B", "C", "D")
@@ -255,7 +259,7 @@ def load_mcq_file(path: str | os.PathLike[str], task: str = "file") -> pd.DataFr
     return pd.DataFrame(records)
 
 
-def add_option_ids(model, prompts: pd.DataFrame) -> pd.DataFrame:
+def add_option_ids(model: Model, prompts: pd.DataFrame) -> pd.DataFrame:
     """Add ``option_ids``: the first token of each option as it follows its prompt.
     Raises if two options of a prompt share their first token (the analysis could
     not tell them apart)."""
@@ -274,7 +278,7 @@ def add_option_ids(model, prompts: pd.DataFrame) -> pd.DataFrame:
 
 
 def option_ranks(
-    model,
+    model: Model,
     prompts: pd.DataFrame,
     *,
     lens: str | Lens = DEFAULT_LENS,

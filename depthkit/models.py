@@ -22,11 +22,15 @@ import importlib.util
 import os
 import tempfile
 import warnings
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+from depthkit.handles import ModelInfo, info_of, register, tokenizer_registered
+
+if TYPE_CHECKING:
+    from depthkit.handles import Model
 
 EMBEDDED: dict[str, dict[str, str]] = {
     "smollm2-135m": {
@@ -58,46 +62,24 @@ class ModelLoadError(ValueError):
     """A model name or path that cannot be loaded, with a hint on how to fix it."""
 
 
-@dataclass(frozen=True)
-class ModelInfo:
-    """What a result needs to say about the model that produced it."""
-
-    name: str
-    family: str
-    n_blocks: int
-    d_model: int
-    d_vocab: int
-    n_ctx: int
-    quantisation: str
-    source: str  # "embedded" | "tiny" | "hub" | "local"
-    fingerprint: str  # hash of the weights (see :func:`weights_fingerprint`)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @property
-    def is_quantised(self) -> bool:
-        return self.quantisation != "none"
-
-
 def available_models() -> list[str]:
     return [*EMBEDDED, *TINY]
 
 
-def model_info(model: Any) -> ModelInfo:
-    info = getattr(model, "depthkit_info", None)
+def model_info(model: Model) -> ModelInfo:
+    info = info_of(model)
     if info is None:
         raise ValueError("This model was not loaded with depthkit.load_model; its description is unknown.")
     return info
 
 
-def tokenizer_of(model: Any):
+def tokenizer_of(model: Model):
     """The tokenizer depthkit encodes with: the model's own Hugging Face tokenizer.
 
     TransformerBridge swaps in a copy that always prepends BOS; depthkit keeps the
     original so that prompts are tokenised exactly as the model family does by default.
     """
-    return getattr(model, "depthkit_tokenizer", None) or model.tokenizer
+    return tokenizer_registered(model) or model.tokenizer
 
 
 def weights_fingerprint(model: torch.nn.Module) -> str:
@@ -219,8 +201,7 @@ def load_model(
     )
     bridge.eval()
     cfg = hf_model.config
-    bridge.depthkit_tokenizer = tok
-    bridge.depthkit_info = ModelInfo(
+    info = ModelInfo(
         name=name,
         family=str(getattr(cfg, "model_type", "unknown")),
         n_blocks=int(bridge.cfg.n_layers),
@@ -231,6 +212,7 @@ def load_model(
         source=source,
         fingerprint=fingerprint,
     )
+    register(bridge, info, tok)
     return bridge
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from depthkit.stats import LEVEL, MIN_N
 
 if TYPE_CHECKING:
-    from depthkit.models import ModelInfo
+    from depthkit.handles import ModelInfo
 
 CI_LABEL = f"{LEVEL:.0%} CI".replace("%", " %")
 NO_INTERVAL = f"interval cannot be measured here: fewer than {MIN_N} units"

@@ -21,6 +21,7 @@ position goes through the model's own final norm and unembedding.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -34,13 +35,16 @@ from depthkit.models import tokenizer_of
 from depthkit.stats import LEVEL, MIN_N
 from depthkit.trajectories import TokenNames, encode
 
+if TYPE_CHECKING:
+    from depthkit.handles import Model
+
 CLASSES = ("target-option", "source-option", "other")
 FOLLOWS = ("target", "source", "both", "neither")
 
 TokensLike = str | Sequence[int]
 
 
-def _ids(model, x: TokensLike) -> list[int]:
+def _ids(model: Model, x: TokensLike) -> list[int]:
     if isinstance(x, str):
         return encode(model, x)
     ids = [int(i) for i in x]
@@ -51,7 +55,7 @@ def _ids(model, x: TokensLike) -> list[int]:
 
 @torch.no_grad()
 def patched_logits(
-    model,
+    model: Model,
     targets: Sequence[Sequence[int]],
     layers: Sequence[int],
     vectors: Float[Tensor, "row d_model"],
@@ -94,7 +98,7 @@ def _option_sets(options: Sequence[int] | Sequence[Sequence[int]], n: int, what:
 
 @torch.no_grad()
 def patching_sweep(
-    model,
+    model: Model,
     sources: Sequence[TokensLike],
     targets: Sequence[TokensLike],
     *,

@@ -9,13 +9,16 @@ function and content words: :func:`class_comparison` says when, and why.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
 from depthkit.pos import CLASSES, CONTENT_TAGS, FUNCTION_TAGS, word_class
+
+if TYPE_CHECKING:
+    from depthkit.handles import Model
 
 # The function/content comparison is made only if each class keeps at least this many
 # correctly predicted examples ...
@@ -51,7 +54,7 @@ class FilterResult(NamedTuple):
     report: pd.DataFrame  # per tag: candidates, kept, kept_share
 
 
-def greedy_next_tokens(model, prompts: Sequence[str], *, batch_size: int = 16, progress: bool = True) -> np.ndarray:
+def greedy_next_tokens(model: Model, prompts: Sequence[str], *, batch_size: int = 16, progress: bool = True) -> np.ndarray:
     """The model's greedy next-token id after each prompt.
 
     Reads the final residual at the last position (right-padded batches of similar
@@ -79,7 +82,7 @@ def greedy_next_tokens(model, prompts: Sequence[str], *, batch_size: int = 16, p
     return out
 
 
-def correctness_filter(model, examples: pd.DataFrame, *, batch_size: int = 16, progress: bool = True) -> FilterResult:
+def correctness_filter(model: Model, examples: pd.DataFrame, *, batch_size: int = 16, progress: bool = True) -> FilterResult:
     """Keep the examples whose greedy next token is the answer's first token (the
     answer tokenised as it follows the prompt, :func:`depthkit.answer_token_ids`)
     and whose first token is a word of its tag (:func:`is_word_token`).

@@ -23,6 +23,7 @@ magnitude in most models and has no context to refine.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -35,6 +36,9 @@ from depthkit.capture import Item, collect_residuals, length_batches, map_blocks
 from depthkit.lenses import LogitLens
 from depthkit.stats import MIN_N, LayerEstimate, curve_estimate, two_segment_fit
 from depthkit.trajectories import Trajectories, encode
+
+if TYPE_CHECKING:
+    from depthkit.handles import Model
 
 # ---------------------------------------------------------------------------
 # Running text as items
@@ -51,7 +55,7 @@ def sample_passages(passages: Sequence[str], n: int, *, seed: int = 0, min_chars
 
 
 def passage_items(
-    model,
+    model: Model,
     texts: Sequence[str],
     *,
     max_tokens: int = 128,
@@ -132,7 +136,7 @@ def update_stats_from_residuals(
 
 
 @torch.no_grad()
-def update_stats(model, items: Sequence[Item], *, batch_size: int = 8, progress: bool = True) -> pd.DataFrame:
+def update_stats(model: Model, items: Sequence[Item], *, batch_size: int = 8, progress: bool = True) -> pd.DataFrame:
     """Per (item, block): the mean over the item's positions of every statistic in
     :data:`UPDATE_STATS` (see :func:`update_stats_from_residuals`), plus
     ``n_positions``. Row ``block = ℓ`` describes the block that reads ``h_ℓ`` and
@@ -217,7 +221,7 @@ def _chunked_kl_agree(
 
 @torch.no_grad()
 def skip_block_effects(
-    model,
+    model: Model,
     items: Sequence[Item],
     *,
     blocks: Sequence[int] | None = None,

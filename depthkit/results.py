@@ -26,12 +26,17 @@ import weakref
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from depthkit.handles import info_of
+
+if TYPE_CHECKING:
+    from depthkit.handles import Model, ModelInfo
 
 __all__ = ["ResultsError", "Run", "RunRecorder", "list_runs", "load_run", "model_slug", "results_root"]
 
@@ -53,7 +58,7 @@ def results_root(root: str | os.PathLike[str] | None = None) -> Path:
     return Path(root if root is not None else os.environ.get("DEPTHKIT_RESULTS") or "results").expanduser()
 
 
-def model_slug(model: Any) -> str:
+def model_slug(model: Model | ModelInfo | str) -> str:
     """Folder name of a model: its name with "/" as "__" and other unsafe characters
     dropped (``meta-llama/Llama-2-7b-hf`` -> ``meta-llama__Llama-2-7b-hf``). Takes a
     name, a ModelInfo, its dict, or a model loaded with depthkit."""
@@ -64,8 +69,8 @@ def model_slug(model: Any) -> str:
     return slug
 
 
-def _model_name(model: Any) -> str:
-    info = getattr(model, "depthkit_info", model)
+def _model_name(model: Model | ModelInfo | str | dict[str, Any]) -> str:
+    info = info_of(model) or model
     if isinstance(info, str):
         return info
     if isinstance(info, dict) and isinstance(info.get("name"), str):
@@ -78,7 +83,7 @@ def _model_name(model: Any) -> str:
 
 
 def _model_dict(model_info: Any) -> dict[str, Any]:
-    info = getattr(model_info, "depthkit_info", model_info)
+    info = info_of(model_info) or model_info
     if hasattr(info, "as_dict"):
         return dict(info.as_dict())
     if isinstance(info, dict):
@@ -359,7 +364,7 @@ def _chapter_folder(model_dir: Path, chapter: str) -> str:
     return names.pop() if len(names) == 1 else chapter
 
 
-def load_run(model: Any, chapter: str, root: str | os.PathLike[str] | None = None) -> Run:
+def load_run(model: Model | ModelInfo | str, chapter: str, root: str | os.PathLike[str] | None = None) -> Run:
     """The complete run of ``chapter`` (id like "01" or slug) for ``model`` (name,
     ModelInfo or model), with every table checked against the manifest's checksum."""
     name = _model_name(model)

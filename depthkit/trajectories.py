@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import pandas as pd
@@ -30,9 +30,13 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from depthkit.capture import Item, batch_tensors, collect_residuals, length_batches, residual_hook_names
+from depthkit.handles import info_of
 from depthkit.lens_store import resolve_lens
 from depthkit.lenses import DEFAULT_LENS, Convention, LayerStep, Lens, layer_plan
 from depthkit.models import ModelInfo, model_info, tokenizer_of
+
+if TYPE_CHECKING:
+    from depthkit.handles import Model
 
 # Item, batch_tensors, collect_residuals and residual_hook_names live in
 # depthkit.capture; they are importable from here too, as before.
@@ -57,7 +61,7 @@ class PromptTooLongError(ValueError):
     """A prompt exceeds the model's context window."""
 
 
-def encode(model, text: str, *, on_overflow: Overflow = "error", max_tokens: int | None = None) -> list[int]:
+def encode(model: Model, text: str, *, on_overflow: Overflow = "error", max_tokens: int | None = None) -> list[int]:
     """Token ids of ``text`` as the model's own tokenizer makes them (special tokens
     included, e.g. Gemma's BOS). Too-long texts raise, or lose their *start* with a
     warning when ``on_overflow="truncate"`` (the end is what the prediction reads)."""
@@ -83,7 +87,7 @@ def encode(model, text: str, *, on_overflow: Overflow = "error", max_tokens: int
     return ids
 
 
-def answer_token_ids(model, prompt: str, answer: str) -> list[int]:
+def answer_token_ids(model: Model, prompt: str, answer: str) -> list[int]:
     """Token ids of ``answer`` as they follow ``prompt`` (for teacher forcing by ids).
 
     Encodes ``prompt + answer`` and keeps what follows the prompt's own tokens, so a
@@ -102,7 +106,7 @@ def answer_token_ids(model, prompt: str, answer: str) -> list[int]:
 
 
 def make_items(
-    model,
+    model: Model,
     prompts: Sequence[str],
     *,
     positions: Literal["last", "all"] = "last",
@@ -167,8 +171,8 @@ class Trajectories:
         )
 
 
-def _context(model) -> int:
-    info = getattr(model, "depthkit_info", None)
+def _context(model: Model) -> int:
+    info = info_of(model)
     return int(info.n_ctx if info else model.cfg.n_ctx)
 
 
@@ -287,7 +291,7 @@ class TokenNames:
 
 
 def trajectories(
-    model,
+    model: Model,
     prompts: Sequence[str] | Sequence[Item],
     *,
     lens: str | Lens = DEFAULT_LENS,

@@ -17,7 +17,7 @@ lens their parameters name. Engine calls with a lens *name* only load.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from depthkit.lens_compare import compare_lenses
 from depthkit.lens_data import (
@@ -34,6 +34,9 @@ from depthkit.lens_data import (
 from depthkit.lens_store import LensFileError, get_tuned_lens, lens_path, load_lens, resolve_lens, save_lens
 from depthkit.lens_training import EVAL_CHUNK, heldout_metrics, train_tuned_lens
 from depthkit.lenses import DEFAULT_LENS, Lens, LogitLens, Readout, TunedLens
+
+if TYPE_CHECKING:
+    from depthkit.handles import Model
 
 __all__ = [
     "BUDGETS",
@@ -64,7 +67,7 @@ __all__ = [
 
 
 def lens_for(
-    model, lens: str | Lens = DEFAULT_LENS, *, budget: str | Mapping[str, Any] | TrainConfig = "default", **kwargs: Any
+    model: Model, lens: str | Lens = DEFAULT_LENS, *, budget: str | Mapping[str, Any] | TrainConfig = "default", **kwargs: Any
 ) -> Lens:
     """The lens a chapter asked for, *training it if needed*: ``"logit"`` is the logit
     lens, ``"tuned"`` the tuned lens for ``budget`` (loaded if saved, otherwise

@@ -121,3 +121,21 @@ def test_chapter_parameters_reach_load_model(tmp_path):
     p = chapter_params(chapter("01"), "tiny-gpt2", tmp_path, extra={"dtype": "float16", "device": "cpu"})
     m = dk.load_model(p["model"], **dk.model_options(p))
     assert next(m.parameters()).dtype.is_floating_point and str(next(m.parameters()).dtype) == "torch.float16"
+
+
+def test_what_depthkit_knows_lives_beside_the_model_not_on_it():
+    import gc
+
+    from depthkit import handles
+    from depthkit.models import tokenizer_of
+
+    model = dk.load_model("tiny-gpt2")
+    assert not [a for a in vars(model) if a.startswith("depthkit")]  # nothing patched onto the bridge
+    assert dk.model_info(model).name == "tiny-gpt2" and tokenizer_of(model) is handles.tokenizer_registered(model)
+    n = len(handles._LOADED)
+    del model
+    gc.collect()
+    assert len(handles._LOADED) == n - 1  # a dropped model takes its record with it
+    with pytest.raises(ValueError, match="not loaded with depthkit.load_model"):
+        dk.model_info(torch.nn.Linear(2, 2))
+    assert handles.info_of("smollm2-135m") is None  # names are not models

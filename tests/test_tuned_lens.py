@@ -131,7 +131,7 @@ def test_save_load_round_trip_is_exact(model, trained, tmp_path):
     h = torch.randn(4, model.cfg.d_model)
     assert torch.equal(loaded(h, 2), trained(h, 2))
     meta = json.loads(path.with_suffix(".json").read_text())
-    assert meta["model"]["fingerprint"] == model.depthkit_info.fingerprint
+    assert meta["model"]["fingerprint"] == dk.model_info(model).fingerprint
     assert meta["shapes"] == {"A": list(trained.A.shape), "b": list(trained.b.shape)}
     assert {"kl", "top1_agreement", "lens", "layer"} <= set(meta["heldout"][0])
     assert meta["timing"]["total_s"] > 0

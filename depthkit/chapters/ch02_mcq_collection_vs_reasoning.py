@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -15,6 +15,9 @@ import pandas as pd
 from depthkit import early_exit, mcq, narrate, patching, stats
 from depthkit.chapters import HEADLINE_COLUMNS, PAPER_COLUMNS
 from depthkit.trajectories import encode
+
+if TYPE_CHECKING:
+    from depthkit.handles import Model
 
 # Thresholds of mcq.layer_estimates' defaults, repeated where the prose names them.
 COLLECT_LEVEL, DECIDE_LEVEL = 0.5, 0.9
@@ -35,19 +38,19 @@ def model_note(info: Any, lens_name: str, convention: str) -> str:
     return narrate.model_note(info, lens_name, convention)
 
 
-def task_prompts(model, task: str, p: Mapping[str, Any], *, labels: str | None = None, permute: bool = False) -> pd.DataFrame:
+def task_prompts(model: Model, task: str, p: Mapping[str, Any], *, labels: str | None = None, permute: bool = False) -> pd.DataFrame:
     frame = mcq.build_prompts(task, p["n_examples"], shots=p["shots"], labels=labels or p["option_labels"], seed=p["seed"], permute=permute)
     return mcq.add_option_ids(model, frame)
 
 
-def all_prompts(model, p: Mapping[str, Any]) -> pd.DataFrame:
+def all_prompts(model: Model, p: Mapping[str, Any]) -> pd.DataFrame:
     frames = [mcq.build_prompts(t, p["n_examples"], shots=p["shots"], labels=p["option_labels"], seed=p["seed"]) for t in p["tasks"]]
     if p["dataset"]:
         frames.append(mcq.load_mcq_file(p["dataset"]))
     return mcq.add_option_ids(model, pd.concat(frames, ignore_index=True))
 
 
-def prompt_summary(model, prompts: pd.DataFrame) -> pd.DataFrame:
+def prompt_summary(model: Model, prompts: pd.DataFrame) -> pd.DataFrame:
     """Prompts per task and their mean length in tokens."""
     n_tokens = prompts["prompt"].map(lambda s: len(encode(model, s)))
     return prompts.assign(tokens=n_tokens).groupby("task").agg(prompts=("prompt", "size"), mean_tokens=("tokens", "mean")).round(0)
@@ -142,7 +145,7 @@ def layer_summary(est: pd.DataFrame, acc: pd.DataFrame, prompts: pd.DataFrame, r
     )
 
 
-def controls(model, prompts: pd.DataFrame, ranks: pd.DataFrame, lens, p: Mapping[str, Any]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def controls(model: Model, prompts: pd.DataFrame, ranks: pd.DataFrame, lens, p: Mapping[str, Any]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(shares, layer estimates, accuracy) of the control task with its original,
     relabelled and permuted options, each with a ``variant`` column."""
     task = p["control_task"]
@@ -188,7 +191,7 @@ def control_summary(est: pd.DataFrame, acc: pd.DataFrame, task: str, n_blocks: i
     return f"On {task}: " + "; ".join(parts) + "." if parts else "No controls were requested."
 
 
-def patching_sweeps(model, prompts: pd.DataFrame, p: Mapping[str, Any], n_blocks: int) -> pd.DataFrame:
+def patching_sweeps(model: Model, prompts: pd.DataFrame, p: Mapping[str, Any], n_blocks: int) -> pd.DataFrame:
     """Patching in both directions between the two tasks, and the random-source
     control within ``patch_control``; one row per (direction, pair, layer)."""
     def frame(task: str) -> pd.DataFrame:

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from depthkit import facts, metrics, narrate, stats
 from depthkit.chapters import HEADLINE_COLUMNS, PAPER_COLUMNS
+
+if TYPE_CHECKING:
+    from depthkit.handles import Model
 
 # Pythia-6.9B (32 blocks): rank-1 onset of answer tokens 1, 2, 3 (the paper's figure).
 PAPER_ONSETS = {1: 27.0, 2: 20.0, 3: 12.0}
@@ -44,7 +47,7 @@ def fact_table(sets: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     return pd.concat([f.assign(dataset=k).drop(columns=[c for c in ("aliases",) if c in f.columns]) for k, f in sets.items()], ignore_index=True)
 
 
-def all_ranks(model, sets: Mapping[str, pd.DataFrame], lens, p: Mapping[str, Any]) -> pd.DataFrame:
+def all_ranks(model: Model, sets: Mapping[str, pd.DataFrame], lens, p: Mapping[str, Any]) -> pd.DataFrame:
     ranks = pd.concat([
         facts.answer_ranks(model, f, lens=lens, convention=p["convention"], max_tokens=p["max_tokens"]).assign(dataset=k)
         for k, f in sets.items()
