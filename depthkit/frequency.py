@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import uuid
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -23,6 +22,7 @@ import pandas as pd
 from jaxtyping import Int
 
 # Functions here take a `cache_dir` argument, hence the other name.
+from depthkit.cache import atomic_path
 from depthkit.cache import cache_dir as default_cache_dir
 
 __all__ = [
@@ -128,13 +128,8 @@ def _cached(
         warnings.warn(f"The cached {kind} table {path} is damaged ({problem}); recomputing it.", stacklevel=3)
     frame = compute()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
-        try:
+        with atomic_path(path) as tmp:
             frame.to_parquet(tmp, index=False, compression="zstd")
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
     except OSError as e:
         warnings.warn(
             f"Could not cache the {kind} table under {path.parent} ({e}); it will be recomputed next time.",

@@ -33,6 +33,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from depthkit.cache import atomic_path, atomic_write
 from depthkit.handles import info_of
 
 if TYPE_CHECKING:
@@ -132,18 +133,6 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def write_parquet(df: pd.DataFrame, path: str | os.PathLike[str]) -> Path:
     """Write ``df`` deterministically and atomically (temporary file + rename).
 
@@ -152,12 +141,8 @@ def write_parquet(df: pd.DataFrame, path: str | os.PathLike[str]) -> Path:
     """
     path = Path(path)
     table = pa.Table.from_pandas(df, preserve_index=None)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
+    with atomic_path(path) as tmp:
         pq.write_table(table, tmp, compression="zstd", compression_level=3)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     return path
 
 
@@ -287,7 +272,7 @@ class RunRecorder:
             "started_utc": self.started,
             "finished_utc": _utc_now(),
         }
-        _atomic_write_bytes(
+        atomic_write(
             self.staging / MANIFEST, (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode()
         )
         trash = None

@@ -19,14 +19,13 @@ disk because building it takes a few seconds.
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from pathlib import Path
 from typing import Any
 
 import altair as alt
 
-from depthkit.cache import cache_dir
+from depthkit.cache import atomic_write, cache_dir
 
 RENDERER = "depthkit"
 # Output metadata key that marks the bundle output, so the book runner can drop it.
@@ -72,10 +71,7 @@ def bundle_path() -> Path:
         # doctools.js also declares): a function scope keeps them off the page's
         # global scope; only the three libraries are exported, by the snippet.
         code = "(function () {\n" + vl_convert.javascript_bundle(_BUNDLE_SNIPPET, vl_version=vl) + "\n})();\n"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(code, encoding="utf-8")
-        os.replace(tmp, path)
+        atomic_write(path, code)
     return path
 
 
