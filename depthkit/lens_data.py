@@ -124,14 +124,15 @@ def config_hash(cfg: TrainConfig, info: ModelInfo, texts: Sequence[str] | None) 
 
 
 def default_texts() -> list[str]:
+    """The lens split of the embedded passages: chapters never analyse these."""
     from depthkit.data import wikipedia_passages
 
-    return wikipedia_passages()
+    return wikipedia_passages("lens")
 
 
 def texts_digest(texts: Sequence[str] | None) -> str:
     if texts is None:
-        return "wikipedia_passages"
+        return "wikipedia_passages:lens"
     h = hashlib.sha256()
     for t in texts:
         h.update(t.encode("utf-8"))

@@ -39,6 +39,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from depthkit.data import passage_digest
 from depthkit.lens_data import (
     FORMAT_VERSION,
     Downweight,
@@ -47,6 +48,7 @@ from depthkit.lens_data import (
     TrainConfig,
     as_texts,
     config_hash,
+    default_texts,
     resolve_config,
     texts_digest,
 )
@@ -192,6 +194,7 @@ def train_tuned_lens(
     one they are computed for this call only)."""
     cfg = resolve_config(budget, seed=seed, downweight=downweight)
     texts_list = as_texts(texts)
+    source = texts_list if texts_list is not None else default_texts()
     info = model_info(model)
     t0, cpu0 = time.perf_counter(), time.process_time()
     load0 = _load_average()
@@ -264,10 +267,11 @@ def train_tuned_lens(
         "shapes": {"A": list(lens.A.shape), "b": list(lens.b.shape)},
         "n_train_positions": n,
         "n_heldout_positions": int(resid_held.shape[1]),
-        # Indices into the training texts (for the default texts: passage ids of
-        # depthkit.data.wikipedia_passages()), so analyses can avoid training text.
+        # Indices into the training texts, and the digests of those passages
+        # (depthkit.data.passage_digest), so any analysis can check it avoids them.
         "train_passages": train.passages,
         "heldout_passages": held.passages,
+        "train_passage_digests": [passage_digest(source[j]) for j in train.passages],
         "downweighted_token_ids": down_ids,
         "downweighted_share": float((weights < 1).float().mean()),
         "heldout": metrics.to_dict("records"),

@@ -150,7 +150,7 @@ def pos_dataset(
     progress: bool = True,
 ) -> pd.DataFrame:
     """Up to ``n_per_tag`` examples per tag from Wikipedia passages (default: the
-    embedded BoolQ passages, :func:`depthkit.data.wikipedia_passages`).
+    analysis split of the embedded BoolQ passages, ``wikipedia_passages("analysis")``).
 
     Passages (duplicates dropped) are visited in an order shuffled with ``seed``; each
     contributes at most one example per tag (:func:`first_tag_examples`), so examples
@@ -166,7 +166,7 @@ def pos_dataset(
     if passages is None:
         from depthkit.data import wikipedia_passages
 
-        passages = wikipedia_passages()
+        passages = wikipedia_passages("analysis")
     passages = list(passages)
     if not passages or not all(isinstance(p, str) for p in passages):
         raise ValueError("passages must be a non-empty list of strings.")

@@ -90,12 +90,17 @@ def settle_notes(prompts: Sequence[str], ex_logit: Any, ex_tuned: Any) -> str:
     )
 
 
-def eval_prompts(n_eval: int, seed: int, seen: set) -> pd.DataFrame:
-    """Wikipedia prefixes from passages none of the lenses was trained on."""
+def eval_prompts(n_eval: int, seed: int, lenses: Sequence[Any]) -> pd.DataFrame:
+    """Wikipedia prefixes from the analysis split (``passage_id`` indexes
+    ``wikipedia_passages("analysis")``), leaving out any passage one of ``lenses``
+    was trained on (none, for lenses trained on the book's lens split)."""
     from depthkit import data
 
-    pool = data.wikipedia_prefixes(n_eval * 2, seed=seed)
-    return pool[~pool["passage_id"].isin(seen)].head(n_eval).reset_index(drop=True)
+    seen = set().union(*(lens.meta.get("train_passage_digests", ()) for lens in lenses))
+    passages = data.wikipedia_passages("analysis")
+    pool = data.wikipedia_prefixes(n_eval * 2, seed=seed, passages=passages)
+    clean = [data.passage_digest(passages[i]) not in seen for i in pool["passage_id"]]
+    return pool[clean].head(n_eval).reset_index(drop=True)
 
 
 def early_layers(layers: Sequence[int], L: int) -> list[int]:
