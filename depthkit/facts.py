@@ -169,15 +169,15 @@ def answer_ranks(
 
 
 def fact_onsets(ranks: pd.DataFrame, ks: Sequence[int] | None = None) -> pd.DataFrame:
-    """Per answer token and k: the earliest layer at rank ≤ k
+    """Per answer token and k: the earliest layer from layer 1 at rank ≤ k
     (:func:`depthkit.metrics.onset_layers`), with ``token``, ``length_group``,
     ``answer_len``, ``category`` and ``correct`` carried along."""
-    from depthkit.metrics import onset_layers
+    from depthkit.metrics import FIRST_DEPTH_LAYER, onset_layers
 
     need = {"item", "position", "layer", "rank", "token", "length_group", "correct"}
     if not need <= set(ranks.columns):
         raise ValueError(f"The rank frame needs columns {sorted(need)}; build it with answer_ranks().")
-    on = onset_layers(ranks[["item", "position", "layer", "rank"]], ks)
+    on = onset_layers(ranks[["item", "position", "layer", "rank"]], ks, first_layer=FIRST_DEPTH_LAYER)
     carry = ranks.drop_duplicates(["item", "position"])[[c for c in ("item", "position", "token", "answer_len", "length_group", "category", "correct") if c in ranks.columns]]
     return on.merge(carry, on=["item", "position"])
 

@@ -59,7 +59,23 @@ def test_bias_table_pairs_prompts_and_reports_intervals():
     assert bias.loc[ch.TUNED, "diff lo"] > 0 and bias["n"].eq(40).all()
     text = ch.bias_verdict(bias.reset_index(), ch.early_layers(steps["layer"].unique(), 9))
     assert text.count("percentage points of Top-10 picks more than the model's output") == 3
-    assert "Even the lenses trained to discount frequent targets" in text
+    # 80 % -> 70 % and 60 %: the drop is stated with its interval and the verdict says so
+    assert bias.loc[ch.THE, "drop"] == pytest.approx(0.1) and bias.loc[ch.TOP10, "drop"] == pytest.approx(0.2)
+    assert bias.loc[ch.TOP10, "drop lo"] > 0 and np.isnan(bias.loc[ch.TUNED, "drop"])
+    assert "early shares through the tuned, Top-10 down-weighted lens are 20.0 percentage points lower" in text
+    assert "Down-weighting frequent targets lowers the early Top-10 share" in text and "artefact" not in text
+
+
+def test_bias_verdict_when_down_weighting_changes_nothing():
+    steps = _compare_steps(40, 9, {"logit": 0.9, ch.TUNED: 0.8, ch.THE: 0.8, ch.TOP10: 0.8}, 0.25)
+    bias = ch.bias_table(steps, 9, n_boot=200, seed=0)
+    text = ch.bias_verdict(bias, ch.early_layers(steps["layer"].unique(), 9))
+    assert "Even the lenses trained to discount frequent targets" in text and "does not clearly lower" in text
+
+
+def test_early_layers_start_at_layer_1():
+    assert ch.early_layers(range(0, 31), 30) == list(range(1, 11))
+    assert ch.early_layers(range(2, 10), 9) == [2, 3, 4]
 
 
 def test_bias_verdict_without_a_clear_tuned_preference():

@@ -88,8 +88,9 @@ def test_onsets_by_hand():
             rows.append(dict(item=item, position=10 + token, token=token, answer_len=2, length_group="2", category="c", layer=layer, rank=rk, correct=correct))
     on = fact_onsets(pd.DataFrame(rows), ks=[1, 10, 100])
     get = lambda i, t, k: on[(on.item == i) & (on.token == t) & (on.k == k)]["onset"].item()  # noqa: E731
-    assert get(0, 1, 1) == 2 and get(0, 2, 1) == 1 and get(0, 1, 10) == 0
-    assert np.isnan(get(1, 1, 1)) and get(1, 1, 100) == 0
+    # layer 0 (the embedding through the lens) is no depth: rank 9 there counts from layer 1
+    assert get(0, 1, 1) == 2 and get(0, 2, 1) == 1 and get(0, 1, 10) == 1
+    assert np.isnan(get(1, 1, 1)) and get(1, 1, 100) == 1
     tab = onset_table(on, k=1, n_boot=50)
     t1c = tab[(tab.token == 1) & (tab.correct)].iloc[0]
     assert t1c.mean_onset == 2 and t1c.n_reached == 1
