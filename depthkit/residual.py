@@ -23,6 +23,7 @@ magnitude in most models and has no context to refine.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -284,6 +285,17 @@ def skip_block_effects(
     return later, output
 
 
+def _fit_frame(per_item: pd.DataFrame, value: str, blocks: Sequence[int] | None, log: bool) -> pd.DataFrame:
+    if "block" not in per_item.columns:
+        raise ValueError("per_item must be the output of update_stats (it needs a 'block' column).")
+    n_blocks = int(per_item["block"].max()) + 1
+    keep = list(range(1, n_blocks - 1)) if blocks is None else [int(b) for b in blocks]
+    sub = per_item[per_item["block"].isin(keep)]
+    if log and (sub[value] > 0).all():
+        sub = sub.assign(**{value: np.log(sub[value])})
+    return sub
+
+
 def phase_change(
     per_item: pd.DataFrame,
     value: str = "block_rel",
@@ -305,11 +317,63 @@ def phase_change(
     ``log`` fits ``log(value)`` so that a change of *rate* counts, not of scale
     (non-positive statistics such as cosines are fitted as they are).
     """
-    if "block" not in per_item.columns:
-        raise ValueError("per_item must be the output of update_stats (it needs a 'block' column).")
-    n_blocks = int(per_item["block"].max()) + 1
-    keep = list(range(1, n_blocks - 1)) if blocks is None else [int(b) for b in blocks]
-    sub = per_item[per_item["block"].isin(keep)]
-    if log and (sub[value] > 0).all():
-        sub = sub.assign(**{value: np.log(sub[value])})
+    sub = _fit_frame(per_item, value, blocks, log)
     return curve_estimate(sub, value, split_estimator(kind), by="block", name=value, n_boot=n_boot, seed=seed, min_n=min_n)
+
+
+@dataclass(frozen=True)
+class PhaseTest:
+    """Whether two segments describe a curve better than one line: the split ℓ*, the
+    change of slope there (right minus left, per block) with its interval over
+    texts, and the range of knots the fit could choose."""
+
+    split: LayerEstimate
+    slope_change: LayerEstimate
+    first_knot: float
+    last_knot: float
+
+    @property
+    def at_edge(self) -> bool:
+        """The split sits on the first or last knot the fit allows: no interior change."""
+        return self.split.estimate in (self.first_knot, self.last_knot)
+
+    @property
+    def two_segments(self) -> bool:
+        """A phase change is supported: an interior split and a slope change whose
+        interval excludes zero."""
+        lo, hi = self.slope_change.lo, self.slope_change.hi
+        return not self.at_edge and np.isfinite(lo) and np.isfinite(hi) and (lo > 0 or hi < 0)
+
+    def as_frame(self) -> pd.DataFrame:
+        return pd.DataFrame([{
+            "statistic": self.split.name, "split": self.split.estimate, "split_lo": self.split.lo, "split_hi": self.split.hi,
+            "slope_change": self.slope_change.estimate, "slope_change_lo": self.slope_change.lo,
+            "slope_change_hi": self.slope_change.hi, "first_knot": self.first_knot, "last_knot": self.last_knot,
+            "at_edge": self.at_edge, "two_segments": self.two_segments, "n": self.split.n,
+        }])
+
+
+def phase_test(
+    per_item: pd.DataFrame,
+    value: str = "block_rel",
+    *,
+    blocks: Sequence[int] | None = None,
+    log: bool = True,
+    n_boot: int = 1000,
+    seed: int = 0,
+    min_n: int = MIN_N,
+) -> PhaseTest:
+    """Two segments against one (hinge fit, as :func:`phase_change`): the split,
+    the slope change at the split with its interval (texts resampled, the knot
+    re-chosen in every resample), and whether the split is interior."""
+    sub = _fit_frame(per_item, value, blocks, log)
+
+    def change(x: np.ndarray, y: np.ndarray) -> float:
+        fit = two_segment_fit(x, y, kind="hinge")
+        return fit.slope_right - fit.slope_left
+
+    split = curve_estimate(sub, value, split_estimator("hinge"), by="block", name=value, n_boot=n_boot, seed=seed, min_n=min_n)
+    slope = curve_estimate(sub, value, change, by="block", name=f"slope change of {value}", n_boot=n_boot, seed=seed, min_n=min_n)
+    knots = sorted(sub["block"].unique())
+    # the hinge fit keeps two points on each side, the knot counted on both
+    return PhaseTest(split, slope, float(knots[1]), float(knots[-2]))

@@ -84,7 +84,9 @@ def test_mlp_vs_attention_interval_excludes_zero_and_prose_says_so():
     kl, top = _lens_frames()
     t = ch.transitions(u, kl, top, "tuned", phase_curve="block_rel", top_tol=0.05, n_blocks=N_BLOCKS, n_boot=50, seed=0)
     sens = ch.split_sensitivity(u, n_boot=20, seed=0)
-    text = ch.summary_text(t, sens, u, diff, model_name="m", n_passages=12, n_positions=120, phase_curve="block_rel")
+    test = ch.phase_test(u, "block_rel", n_boot=50, seed=0)
+    text = ch.summary_text(t, sens, u, diff, model_name="m", n_passages=12, n_positions=120, phase_curve="block_rel", test=test)
+    assert "Two segments fit clearly better than one line" in text
     assert "excludes zero in 8 blocks with the MLP larger and 0 with attention larger" in text
     assert "no block-wise difference is claimed" not in text
     assert "layer 5 (95 % CI" in text
@@ -96,8 +98,9 @@ def test_summary_claims_no_blockwise_difference_without_intervals():
     kl, top = _lens_frames(4)
     t = ch.transitions(u, kl, top, "tuned", phase_curve="block_rel", top_tol=0.05, n_blocks=N_BLOCKS, n_boot=20, seed=0)
     text = ch.summary_text(t, ch.split_sensitivity(u, n_boot=20, seed=0), u, diff, model_name="m",
-                           n_passages=4, n_positions=40, phase_curve="block_rel")
+                           n_passages=4, n_positions=40, phase_curve="block_rel", test=ch.phase_test(u, "block_rel", n_boot=20, seed=0))
     assert "no block-wise difference is claimed" in text
+    assert "No clear phase change" in text  # 4 passages: no interval, so no phase change is claimed
     assert "cannot be measured here" in text
 
 
@@ -110,6 +113,39 @@ def test_skip_text_describes_without_claiming_a_difference():
     assert "before ℓ\\* (5 blocks): 2.00 nats; from ℓ\\* on (5 blocks): 7.00 nats" in text
     assert "no difference between the two sides of ℓ\\* is claimed" in text
     assert "over 1 passage)" in text and "over 3 passages)" in ch.skip_text(later, output, split=5, n_passages=3, seconds=1.0)
+
+
+def _straight(n_items: int = 12, seed: int = 0) -> pd.DataFrame:
+    """log(block_rel) falls along one line: no phase change."""
+    u = _updates(n_items, seed=seed)
+    rng = np.random.default_rng(seed)
+    return u.assign(block_rel=np.exp(-1.0 - 0.05 * u["block"] + rng.normal(0, 0.01, len(u))))
+
+
+def test_one_line_is_not_a_phase_change():
+    test = ch.phase_test(_straight(), "block_rel", n_boot=200, seed=0)
+    assert not test.two_segments
+    assert "No " in ch.phase_sentence(test, N_BLOCKS) and "Two segments fit clearly" not in ch.phase_sentence(test, N_BLOCKS)
+    bent = ch.phase_test(_updates(), "block_rel", n_boot=200, seed=0)
+    assert bent.two_segments and bent.split.estimate == 5 and bent.slope_change.hi < 0
+
+
+def test_a_split_on_the_edge_of_the_fit_range_is_no_phase_change():
+    u = _updates(knot=2)  # fitted blocks 1..8: the knot may sit on 2..7, and 2 is the first
+    test = ch.phase_test(u, "block_rel", n_boot=100, seed=0)
+    assert (test.first_knot, test.last_knot) == (2.0, 7.0) and test.split.estimate == 2 and test.at_edge
+    assert not test.two_segments and "sits on the first block the fit may choose" in ch.phase_sentence(test, N_BLOCKS)
+    frame = test.as_frame()
+    assert frame["at_edge"].item() and not frame["two_segments"].item()
+
+
+def test_headlines_drop_l_star_without_a_phase_change():
+    t = pd.DataFrame([
+        {"name": "ℓ* (two-segment fit, log block_rel)", "estimate": 2.0, "lo": 2.0, "hi": 2.0, "n": 24.0, "n_boot": 200.0},
+        {"name": "KL knee (tuned lens)", "estimate": 20.0, "lo": 18.0, "hi": 22.0, "n": 24.0, "n_boot": 200.0},
+    ])
+    test = ch.phase_test(_updates(knot=2), "block_rel", n_boot=50, seed=0).as_frame()
+    assert ch.headlines({"transitions": t, "phase_test": test})["quantity"].tolist() == ["KL knee (tuned lens)"]
 
 
 def test_headlines_read_the_transitions_table():

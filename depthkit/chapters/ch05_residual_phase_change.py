@@ -125,6 +125,26 @@ def transitions(
     return out
 
 
+def phase_test(updates: pd.DataFrame, phase_curve: str, *, n_boot: int, seed: int) -> residual.PhaseTest:
+    """Two segments against one for the ℓ* curve (:func:`depthkit.residual.phase_test`)."""
+    return residual.phase_test(updates, phase_curve, n_boot=n_boot, seed=seed)
+
+
+def phase_sentence(test: residual.PhaseTest, n_blocks: int) -> str:
+    """Whether the run shows a phase change at all, and why not when it does not."""
+    change = narrate.estimate(test.slope_change.estimate, test.slope_change.lo, test.slope_change.hi, digits=3)
+    if test.two_segments:
+        return (f"Two segments fit clearly better than one line: at ℓ\\* the slope of the log curve changes by {change} "
+                "per block, and the split is interior.")
+    if test.at_edge:
+        where = "first" if test.split.estimate == test.first_knot else "last"
+        return (f"**No phase change is found here:** the best split sits on the {where} block the fit may choose "
+                f"(blocks {test.first_knot:.0f}–{test.last_knot:.0f} of {n_blocks}), so two segments are one line with a bent end "
+                f"(slope change {change}). ℓ\\* is only where the fit puts its knot, not a transition.")
+    return (f"**No clear phase change:** the slope change at ℓ\\*, {change} per block, has an interval that "
+            "includes zero (or too few passages for one), so one line describes the curve as well as two segments.")
+
+
 def split_sensitivity(updates: pd.DataFrame, *, n_boot: int, seed: int) -> pd.DataFrame:
     """Where the two-segment split falls for every update statistic: ``[statistic, split, lo, hi]``."""
     rows = [residual.phase_change(updates, s, n_boot=n_boot, seed=seed).as_dict() for s in residual.UPDATE_STATS]
@@ -152,6 +172,7 @@ def summary_text(
     n_passages: int,
     n_positions: int,
     phase_curve: str,
+    test: residual.PhaseTest,
 ) -> str:
     """The Markdown bullets under the transition chart."""
     n_blocks = int(updates["block"].max()) + 1
@@ -174,6 +195,7 @@ def summary_text(
 On {n_passages} passages ({n_positions:,} positions) of {model_name}:
 
 * **ℓ\\* = {_layer(star)}** of {n_blocks} blocks (ℓ\\*/L = {star['estimate'] / n_blocks:.2f}), from the log of `{phase_curve}`.
+  {phase_sentence(test, n_blocks)}
   Fitted to the other statistics the split falls between layers {sensitivity['split'].min():.0f} and {sensitivity['split'].max():.0f}:
   the "phase change" is a property of the curve one chooses as much as of the network.
 * KL knee: {_layer(tr.loc[knee_name])}; Top-10 share at its final level from {_layer(tr.loc["Top-10 share reaches its final level"])}.
@@ -210,8 +232,15 @@ def skip_text(
 
 
 def headlines(run: Any) -> pd.DataFrame:
-    """Every transition estimate of the run (table ``transitions``), in layers."""
+    """Every transition estimate of the run (table ``transitions``), in layers; ℓ*
+    only where two segments beat one (table ``phase_test``)."""
     t = run["transitions"]
+    try:
+        supported = bool(run["phase_test"]["two_segments"].iloc[0])
+    except KeyError:  # a run saved before the test existed
+        supported = True
+    if not supported:
+        t = t.iloc[1:]
     out = pd.DataFrame(
         {
             "quantity": t["name"].astype(str),
