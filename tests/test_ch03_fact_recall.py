@@ -71,3 +71,13 @@ def test_headlines_keep_paper_names_for_the_main_dataset():
 def test_paper_rows():
     assert list(ch.PAPER.columns) == PAPER_COLUMNS
     assert np.allclose(ch.PAPER["value"], [27 / 32, 20 / 32, 12 / 32])
+
+
+def test_token_trend_is_paired_within_answers_not_pooled_over_lengths():
+    # 20 two-token answers (token 1 at 10, token 2 at 20) and 80 one-token answers at 28:
+    # pooled over lengths token 1 would look later than token 2; within answers it is 10 layers earlier
+    rows = [{"item": i, "k": 1, "token": t, "onset": o, "correct": True, "dataset": "curated"}
+            for i in range(20) for t, o in ((1, 10.0), (2, 20.0))]
+    rows += [{"item": 100 + i, "k": 1, "token": 1, "onset": 28.0, "correct": True, "dataset": "curated"} for i in range(80)]
+    d = ch.token_difference(pd.DataFrame(rows), "curated", 1, 2, n_boot=100, seed=0)
+    assert d["diff"] == 10 and d["n"] == 20 and d["lo"] == d["hi"] == 10

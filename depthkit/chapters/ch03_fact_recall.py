@@ -98,12 +98,16 @@ def onset_curves(onsets: pd.DataFrame, dataset: str) -> pd.DataFrame:
 
 
 def token_difference(onsets: pd.DataFrame, dataset: str, a: int, b: int, *, n_boot: int, seed: int) -> pd.Series:
-    """Mean rank-1 onset of correct answer token ``b`` minus token ``a`` in one
-    dataset (the pooled row of :func:`depthkit.stats.stratified_difference`, one
-    stratum; each reaching token is a unit)."""
+    """Mean rank-1 onset of answer token ``b`` minus token ``a`` in one dataset,
+    paired within each correctly predicted answer that has both tokens at rank 1 (so
+    one-token answers, which have no later token, do not weigh on token 1, and every
+    comparison is within one answer and its length). Answers are the resampled unit.
+    Returns ``diff, lo, hi, n``."""
     d = onsets[(onsets["k"] == 1) & (onsets["dataset"] == dataset) & onsets["correct"] & onsets["token"].isin([a, b])]
-    diff = stats.stratified_difference(d.assign(stratum=dataset), "onset", "token", "stratum", a, b, n_boot=n_boot, seed=seed)
-    return diff.iloc[-1]
+    wide = d.pivot_table(index="item", columns="token", values="onset", aggfunc="first").dropna()
+    paired = (wide[b] - wide[a]).to_numpy(dtype=float) if {a, b} <= set(wide.columns) else np.array([])
+    ci = stats.bootstrap_ci(paired, n_boot=n_boot, seed=seed)
+    return pd.Series({"diff": ci.estimate, "lo": ci.lo, "hi": ci.hi, "n": ci.n})
 
 
 def dataset_summary(k1: pd.DataFrame, onsets: pd.DataFrame, dataset: str, n_blocks: int, *, n_boot: int, seed: int) -> str:
@@ -116,7 +120,7 @@ def dataset_summary(k1: pd.DataFrame, onsets: pd.DataFrame, dataset: str, n_bloc
     for t in sorted(i for i in ok.index if i != 1 and 1 in ok.index):
         d = token_difference(onsets, dataset, t, 1, n_boot=n_boot, seed=seed)
         diffs.append(narrate.difference(d["diff"], d["lo"], d["hi"], more="later", less="earlier", subject="token 1 onsets", than=f"token {t} onsets"))
-    trend = (" Token 1 against later tokens: " + "; ".join(diffs) + ".") if diffs else ""
+    trend = (" Token 1 against later tokens of the same answer: " + "; ".join(diffs) + ".") if diffs else ""
     missed = "; ".join(
         f"token {t}: {r.n_reached} of {r.n_items} ever reach rank 1" + ("" if not np.isfinite(r.mean_onset) else f", at layer {r.mean_onset:.0f} on average")
         for t, r in wrong.sort_index().iterrows()
