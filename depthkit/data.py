@@ -296,7 +296,7 @@ _WORD_END = re.compile(r"(?<=\S)\s+(?=\S)")
 def wikipedia_prefixes(
     n: int, seed: int = 0, min_chars: int = 17, passages: Sequence[str] | None = None, min_passage_chars: int = 200
 ) -> pd.DataFrame:
-    """Random prefixes of Wikipedia paragraphs (PAPER.md analysis 1).
+    """Random prefixes of Wikipedia paragraphs (the paper's frequency analysis).
 
     Each prompt comes from a paragraph longer than ``min_passage_chars`` characters,
     cut at a random word boundary chosen uniformly among those leaving at least

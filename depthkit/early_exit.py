@@ -1,5 +1,5 @@
 """Early exit: stop the forward pass at layer ℓ and read the prediction out
-through a lens (PAPER.md item 7).
+through a lens (the paper's early-exit analysis).
 
 :func:`exit_logits` really truncates the forward pass (``stop_at_layer`` on the
 TransformerBridge): it is what a deployed early-exit model computes. Layer ℓ's

@@ -1,4 +1,4 @@
-"""Multi-token fact recall (PAPER.md item 4).
+"""Multi-token fact recall (the paper's analysis of multi-token answers).
 
 Cloze prompts whose answers often span several tokens. For answer tokens 1, 2, 3
 the answer is *teacher-forced by token ids*: the ids of the answer as it follows

@@ -4,7 +4,7 @@ A :class:`TunedLens` puts one affine *translator* in front of the model's own
 readout at every layer ℓ < L: ``h ↦ h + A_ℓ h + b_ℓ``. With ``A = b = 0`` it is
 exactly the logit lens. Training minimises KL(p_L ‖ q_ℓ) over ordinary text
 positions (the final distribution is the target, the lens distribution the
-model of it), as in the tuned-lens paper; see PAPER.md for the reference recipe
+model of it), as in the tuned-lens paper (Belrose et al. 2023); see the book's methods page for the reference recipe
 and why we cannot afford it on two CPU cores.
 
 What makes it affordable here:
@@ -184,7 +184,7 @@ def train_tuned_lens(
     passages). ``budget``: "default" (the benchmark's recipe), "smoke" (seconds) or
     a dict of :class:`TrainConfig` fields. ``downweight``: weight positions whose
     final top-1 is " the" ("the") or one of the Top-10 tokens ("top10") by
-    ``downweight_factor`` (PAPER.md item 8). Deterministic under ``seed``.
+    ``downweight_factor`` (the paper's lens-bias check). Deterministic under ``seed``.
 
     The returned lens carries its sidecar in ``.meta`` (config, held-out per-layer
     KL and top-1 agreement for both lenses, timing).

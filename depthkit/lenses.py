@@ -1,6 +1,6 @@
 """Lenses: maps from a residual-stream vector at some depth to next-token logits.
 
-Layer index (the *canonical* convention of PAPER.md): ``layer = 0`` is the
+Layer index (the *canonical* convention of the book): ``layer = 0`` is the
 embedding output (input of block 0), ``layer = i`` is the residual stream after
 block ``i - 1``, ``layer = L`` is the final residual, whose readout is exactly the
 model's own logits.

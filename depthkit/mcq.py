@@ -1,5 +1,5 @@
 """Constrained choice: few-shot multiple-choice prompts and the per-layer analysis of
-*option collection* and *option reasoning* (PAPER.md item 5).
+*option collection* and *option reasoning* (the paper's multiple-choice analysis).
 
 Prompts
 -------

@@ -1,6 +1,6 @@
 """Activation patching of the residual stream at one layer and the last position.
 
-The experiment of PAPER.md item 6: run a *source* prompt, take its residual
+The paper's activation-patching experiment: run a *source* prompt, take its residual
 stream at layer ℓ at the last position, write that vector into a *target* prompt
 at the same layer and position, finish the target's forward pass and look at what
 it predicts. Layers follow :mod:`depthkit.lenses`: ℓ = 0 is the embedding output

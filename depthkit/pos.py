@@ -1,4 +1,4 @@
-"""The part-of-speech dataset (PAPER.md item 3): prompts whose next word has a known
+"""The part-of-speech dataset (the paper's part-of-speech analysis): prompts whose next word has a known
 universal part-of-speech tag.
 
 From each Wikipedia passage, tagged with spaCy, the *answer* for a tag is the first

@@ -18,7 +18,7 @@ import pandas as pd
 from depthkit import metrics, narrate, stats
 from depthkit.chapters import HEADLINE_COLUMNS, PAPER_COLUMNS
 
-# The paper states the lens-bias check (PAPER.md item 8) without numbers.
+# The paper states the lens-bias check without numbers.
 PAPER = pd.DataFrame(columns=PAPER_COLUMNS)
 
 TUNED, THE, TOP10 = "tuned", "tuned, ' the' down-weighted", "tuned, Top-10 down-weighted"
