@@ -44,15 +44,17 @@ def layer_plan(n_blocks: int, convention: Convention = "canonical") -> list[Laye
     ``canonical``: layers 0..L; layer ℓ < L uses translator ℓ (trained on that same
     residual); layer L is the plain readout, i.e. the model's logits.
 
-    ``authors``: reproduces the published analysis, which decoded block j's *output*
-    (our layer j + 1) with translator j, trained on block j's *input*. Layers 1..L;
-    there is no embedding row, and the last row goes through translator L - 1.
-    For the logit lens the two conventions differ only by the missing layer 0.
+    ``authors``: the paper's axis and its off-by-one. Rows 1..L, row j the output of
+    block j (blocks counted from 1; the same residual as canonical layer j), decoded
+    with translator j - 1, which was trained on block j's *input*; row L is the
+    model's own output, as in canonical. There is no embedding row. For the logit
+    lens the two conventions differ only by the missing layer 0, so a quantity read
+    at row j means the same depth j/L in both.
     """
     if convention == "canonical":
         return [LayerStep(l, l if l < n_blocks else None) for l in range(n_blocks + 1)]
     if convention == "authors":
-        return [LayerStep(j + 1, j) for j in range(n_blocks)]
+        return [LayerStep(j, j - 1) for j in range(1, n_blocks)] + [LayerStep(n_blocks, None)]
     raise ValueError(f"Unknown layer convention {convention!r}; choose one of {', '.join(CONVENTIONS)}.")
 
 

@@ -162,7 +162,8 @@ def test_authors_convention_is_canonical_without_layer_zero_for_the_logit_lens(t
 
 def test_layer_plan_conventions():
     assert [(s.layer, s.translator) for s in layer_plan(3, "canonical")] == [(0, 0), (1, 1), (2, 2), (3, None)]
-    assert [(s.layer, s.translator) for s in layer_plan(3, "authors")] == [(1, 0), (2, 1), (3, 2)]
+    # the paper's axis: row j is block j's output through translator j - 1; row L the model's output
+    assert [(s.layer, s.translator) for s in layer_plan(3, "authors")] == [(1, 0), (2, 1), (3, None)]
     with pytest.raises(ValueError, match="canonical"):
         layer_plan(3, "paper")
 

@@ -243,6 +243,11 @@ def test_trajectory_engine_accepts_the_lens(model, trained, tmp_path, monkeypatc
     assert by_name.path.is_relative_to(tmp_path)
     auth = trajectories(model, prompts, lens=by_name, convention="authors", progress=False)
     assert sorted(auth.steps.layer.unique()) == list(range(1, last + 1))
+    # row L is the model's own output in both conventions; below it, authors row j reads
+    # canonical layer j's residual through translator j - 1
+    assert (auth.steps[auth.steps.layer == last].kl_to_final.abs() < 1e-5).all()
+    can = trajectories(model, prompts, lens=by_name, progress=False)
+    assert (auth.steps[auth.steps.layer == last].top1_id.to_numpy() == can.steps[can.steps.layer == last].top1_id.to_numpy()).all()
 
 
 def test_bfloat16_metrics_stay_close_to_float32(model, trained):
