@@ -116,3 +116,23 @@ def test_paper_rows_and_corpus_table():
     table = ch.corpus_table(_freq(), "toy")
     assert list(table.columns) == [10, 100, 1000]
     assert table.loc["paper (reference): Llama-2 tokenizer, Wikipedia", 10] == "23%"
+
+
+def test_whitespace_predictions_are_reported_apart():
+    # 40 prompts guess Top-10 token 0 at layers 1-2; the first 10 guess the bare space (token 1) at layer 1 instead
+    steps, final = _guess_then_refine()
+    steps.loc[(steps["layer"] == 1) & (steps["item"] < 10), "top1_id"] = 1
+    steps["top1_token"] = np.where(steps["top1_id"] == 1, " ", "w")
+    blank = ch.whitespace_items(steps)
+    assert blank.tolist() == list(range(10))
+    freq = _freq()
+    t = ch.bucket_tables(steps, final, freq, 6, n_boot=50, seed=0)
+    clean = ch.bucket_tables(ch.drop_items(steps, blank), ch.drop_items(final, blank), freq, 6, n_boot=50, seed=0)
+    h = ch.headline_table(t, 6, "toy", clean, len(blank))
+    without = h[h["source"] == "toy, without the 10 prompts with a whitespace prediction"].set_index("result")
+    assert without.loc[ch.Q_L1, "count"] == "30 of 30" and without.loc[ch.Q_FINAL, "count"] == "0 of 30"
+    pp = ch.per_prompt(steps, final, freq)
+    agree = pd.DataFrame({"layer": [1, 1], "guess": ["unigram", "bigram"], "share": [1.0, 0.0]})
+    text = ch.summary(pp, t, ch.peak_layer(pp, n_boot=50, seed=0), agree, L=6, source="s", weights="w", minutes=0.1,
+                      n_boot=50, seed=0, no_blank=clean, n_blank=len(blank))
+    assert "Leaving out the 10 prompts whose top-1 is a whitespace token" in text and "of 30 prompts" in text

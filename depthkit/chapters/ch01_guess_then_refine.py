@@ -98,12 +98,29 @@ def bucket_tables(
     }
 
 
+def whitespace_items(steps: pd.DataFrame) -> np.ndarray:
+    """The prompts whose top-1 is a whitespace token (the bare space, a newline) at
+    some layer from layer 1 on. The bare space is one of the most frequent tokens, so
+    such predictions inflate the early Top-10 share; the authors re-ran such prompts."""
+    s = steps[steps["layer"] >= FIRST_LAYER]
+    blank = s["top1_token"].astype(str).str.strip() == ""
+    return np.sort(s.loc[blank, "item"].unique())
+
+
+def drop_items(frame: pd.DataFrame, items: np.ndarray) -> pd.DataFrame:
+    return frame[~frame["item"].isin(items)].reset_index(drop=True)
+
+
 def _pick(df: pd.DataFrame, layer: int, bucket: str = TOP) -> pd.Series:
     return df[(df["layer"] == layer) & (df["bucket"].astype(str) == bucket)].iloc[0]
 
 
-def headline_table(t: dict[str, pd.DataFrame], L: int, source: str) -> pd.DataFrame:
-    """This run's three headline shares beside the paper's (reference) values."""
+def headline_table(
+    t: dict[str, pd.DataFrame], L: int, source: str, no_blank: dict[str, pd.DataFrame] | None = None, n_blank: int = 0
+) -> pd.DataFrame:
+    """This run's three headline shares beside the paper's (reference) values, and
+    (``no_blank``: :func:`bucket_tables` without :func:`whitespace_items`) the
+    layer-1 and final shares without the prompts with whitespace predictions."""
     l1, fin, fl1 = _pick(t["shares"], FIRST_LAYER), _pick(t["final_share"], L), _pick(t["flips"], FIRST_LAYER)
     paper = {q: (f"{PAPER_SOURCE}: {model}", text, "") for q, (model, text) in _PAPER_TEXT.items()}
     rows = [
@@ -114,6 +131,11 @@ def headline_table(t: dict[str, pd.DataFrame], L: int, source: str) -> pd.DataFr
         (Q_FLIP, source, narrate.share(fl1["flip_rate"], fl1["lo"], fl1["hi"]), f"{int(fl1['n_flipped'])} of {int(fl1['n'])}"),
         (Q_EARLY_FLIP, *paper[Q_EARLY_FLIP]),
     ]
+    if no_blank is not None:
+        without = f"{source}, without the {n_blank} prompts with a whitespace prediction"
+        for q, frame, layer in ((Q_L1, no_blank["shares"], FIRST_LAYER), (Q_FINAL, no_blank["final_share"], L)):
+            r = _pick(frame, layer)
+            rows.append((q, without, narrate.share(r["share"], r["lo"], r["hi"]), f"{int(r['n'])} of {int(r['n_total'])}"))
     return pd.DataFrame(rows, columns=["result", "source", "value [95 % CI]", "count"])
 
 
@@ -198,6 +220,8 @@ def summary(
     minutes: float,
     n_boot: int,
     seed: int,
+    no_blank: dict[str, pd.DataFrame] | None = None,
+    n_blank: int = 0,
 ) -> str:
     """The chapter's closing prose, every number with its interval over prompts."""
     l1 = _pick(t["shares"], FIRST_LAYER)
@@ -218,6 +242,16 @@ def summary(
     fe = flips_early.iloc[0] if len(flips_early) else pd.Series({"estimate": NAN, "lo": NAN, "hi": NAN})
     a1 = agreement[agreement["layer"] == FIRST_LAYER].set_index("guess")["share"]
     n_prompts = int(pp["item"].nunique())
+    blank = ""
+    if no_blank is not None and n_blank:
+        b1 = _pick(no_blank["shares"], FIRST_LAYER)
+        blank = (
+            f"\n* Leaving out the {n_blank} prompts whose top-1 is a whitespace token at some layer (the bare space is "
+            f"a Top-10 token), the layer-1 Top-10 share is {narrate.share(b1['share'], b1['lo'], b1['hi'], digits=0)} "
+            f"of {int(b1['n_total'])} prompts."
+        )
+    elif no_blank is not None:
+        blank = "\n* No prompt has a whitespace token as its top-1 at any layer, so none is left out."
     return f"""
 On {n_prompts} Wikipedia prefixes, read through the {source}:
 
@@ -229,7 +263,7 @@ On {n_prompts} Wikipedia prefixes, read through the {source}:
   prediction; over layers 1–{early[-1]}, {narrate.share(fe["estimate"], fe["lo"], fe["hi"], digits=0)} of Top-10
   guesses do (prompts resampled as wholes).
 * At layer 1 the top-1 equals the unigram guess for {a1.get("unigram", np.nan):.0%} of prompts and the bigram guess for
-  {a1.get("bigram", np.nan):.0%}.
+  {a1.get("bigram", np.nan):.0%}.{blank}
 * The paper reports > 75 % Top-10 at layer 1, ≈ 33 % at the output and > 70 % overturned for 7-8B models; these are
   {weights} weights of a much smaller model, and the numbers above are this run's alone.
 
