@@ -8,13 +8,17 @@ has a lens reading at every layer. Layers are the trajectory's own (canonical:
 
 Per predicted token (:func:`depth_scores`):
 
-* **onset depth** ``d_1``: the earliest layer at which the model's final top-1
-  token has rank 1 through the lens (``NaN`` if it never has, possible only
-  under the ``authors`` convention, whose last row is not the model's output);
-* **saturation depth** ``d_sat``: the earliest layer from which the lens top-1
-  token never changes again up to the last layer (so ``d_sat ≥ d_1`` whenever the
-  last row is the model's own prediction, as in the canonical convention);
-* **flips**: the number of layers whose lens top-1 differs from the layer before.
+* **onset depth** ``d_1``: the earliest layer from layer 1 at which the model's
+  final top-1 token has rank 1 (row L, the model's own output, counts: ``d_1 = L``
+  when no lens row finds it first);
+* **saturation depth** ``d_sat``: within the *lens rows* 1..L-1, the earliest layer
+  from which the lens top-1 never changes again up to row L-1. Row L is left out:
+  it is the model's exact readout, not a lens reading, and counting the jump from
+  the lens to it would give ``d_sat = L`` to every token the lens gets wrong at L-1.
+  ``settles_on_final`` says whether the lens settled on the model's own token;
+* **flips**: the number of lens rows 2..L-1 whose top-1 differs from the row before.
+
+Layer 0, the embedding read through the lens, is no depth and enters none of them.
 
 Each is also given normalised by the number of blocks ``L`` (``d_1/L``,
 ``d_sat/L``, ``flips/L``), so models of different depth can be compared.
@@ -32,6 +36,7 @@ import torch
 from tqdm.auto import tqdm
 
 from depthkit.lenses import Lens, layer_plan
+from depthkit.metrics import FIRST_DEPTH_LAYER
 from depthkit.trajectories import Item, Trajectories
 
 if TYPE_CHECKING:
@@ -96,16 +101,27 @@ def scores_from_arrays(
     return d1, d_sat, flips
 
 
+def _depths(g: _Grid) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(d_1, d_sat, flips, settles_on_final)`` per token, as the module defines them."""
+    depth = g.layers >= FIRST_DEPTH_LAYER
+    lens_rows = depth & (g.layers < g.n_blocks)
+    if not lens_rows.any():
+        raise ValueError("The trajectory has no lens row between layer 1 and L-1 to score.")
+    d1, _, _ = scores_from_arrays(g.top1[:, depth], g.final_rank[:, depth], g.layers[depth])
+    _, d_sat, flips = scores_from_arrays(g.top1[:, lens_rows], g.final_rank[:, lens_rows], g.layers[lens_rows])
+    return d1, d_sat, flips, g.top1[:, lens_rows][:, -1] == g.final
+
+
 def depth_scores(traj: Trajectories, *, next_target: str | None = "next") -> pd.DataFrame:
     """One row per predicted token: ``item, position, final_id, d1, d_sat, flips``,
     their normalised versions ``d1_norm, d_sat_norm, flips_norm`` (divided by the
     number of blocks L), ``final_prob`` (the model's probability of its top-1),
-    ``settles_on_final`` (the last lens row is the model's prediction; always true in
-    the canonical convention) and, when the trajectory has the target ``next_target``
+    ``settles_on_final`` (the lens's row L-1 is the model's prediction) and, when the
+    trajectory has the target ``next_target``
     (the true next token, see :func:`depthkit.residual.passage_items`), ``next_id``
     and ``correct`` (the model's top-1 is the true next token)."""
     g = _grid(traj)
-    d1, d_sat, flips = scores_from_arrays(g.top1, g.final_rank, g.layers)
+    d1, d_sat, flips, settles = _depths(g)
     L = g.n_blocks
     out = g.keys.copy()
     out["final_id"] = g.final
@@ -116,7 +132,7 @@ def depth_scores(traj: Trajectories, *, next_target: str | None = "next") -> pd.
     out["d_sat_norm"] = d_sat / L
     out["flips_norm"] = flips / L
     out["final_prob"] = g.prob[:, -1] if g.layers[-1] == L and traj.convention == "canonical" else np.nan
-    out["settles_on_final"] = g.top1[:, -1] == g.final
+    out["settles_on_final"] = settles
     if next_target is not None and next_target in set(traj.targets["target"].unique()):
         nxt = traj.target(next_target).groupby(["item", "position"])["token_id"].first()
         out["next_id"] = nxt.reindex(pd.MultiIndex.from_frame(g.keys)).to_numpy(dtype=np.int64)
@@ -175,8 +191,9 @@ def exit_sweep(traj: Trajectories, taus: Sequence[float] = DEFAULT_TAUS) -> pd.D
     * ``confidence`` (``param`` = τ): exit at the first layer ``ℓ < L`` whose lens
       top-1 probability is ≥ τ and predict that top-1; otherwise run all L blocks.
     * ``fixed`` (``param`` = ℓ): always exit at layer ℓ.
-    * ``oracle (d_sat)``: exit at the saturation depth (knows the future: an upper
-      reference for a policy that must never change its mind).
+    * ``oracle (d_sat)``: exit at the saturation depth where the lens settled on the
+      model's own token, else run all blocks (knows the future: an upper reference
+      for a policy that must never change its mind).
     * ``oracle (d_1)``: exit at the onset depth, the fewest layers that give the
       final answer.
 
@@ -200,8 +217,8 @@ def exit_sweep(traj: Trajectories, taus: Sequence[float] = DEFAULT_TAUS) -> pd.D
     for j, l in enumerate(layers):
         pred = g.final if l >= L else g.top1[:, j]
         rows.append(("fixed", float(l), np.mean(pred == g.final), float(l)))
-    d1, d_sat, _ = scores_from_arrays(g.top1, g.final_rank, layers)
-    for name, depth in (("oracle (d_sat)", d_sat), ("oracle (d_1)", d1)):
+    d1, d_sat, _, settles = _depths(g)
+    for name, depth in (("oracle (d_sat)", np.where(settles, d_sat, L)), ("oracle (d_1)", d1)):
         depth = np.where(np.isnan(depth), L, depth)
         j = np.searchsorted(layers, depth)
         j = np.minimum(j, len(layers) - 1)
@@ -236,6 +253,34 @@ def saving_at(sweep: pd.DataFrame, target: float = 0.99) -> pd.DataFrame:
                 "frac_layers": best["frac_layers"],
             }
         )
+    out = pd.DataFrame(rows)
+    out["saving"] = 1 - out["frac_layers"]
+    return out
+
+
+def held_out_saving(select: pd.DataFrame, report: pd.DataFrame, target: float = 0.99) -> pd.DataFrame:
+    """Operating points chosen on one set of passages and measured on another: per
+    policy, the τ or exit layer :func:`saving_at` picks on ``select`` (an
+    :func:`exit_sweep`), then that same τ or layer's agreement and depth on
+    ``report`` (a sweep of other passages, same grids). Choosing and scoring on the
+    same tokens would overstate what a policy reaches. Returns ``[policy, target,
+    param, agreement_select, agreement, frac_layers, saving]``, the last three on
+    ``report``."""
+    rows = []
+    for r in saving_at(select, target).itertuples(index=False):
+        rep = report[report["policy"] == r.policy]
+        if r.policy.startswith("oracle"):
+            hit = rep  # an oracle has no parameter: it is exact on any tokens
+        elif np.isnan(r.param):
+            hit = rep.iloc[:0]
+        else:
+            hit = rep[np.isclose(rep["param"].to_numpy(dtype=float), r.param)]
+        got = hit.iloc[0] if len(hit) else None
+        rows.append({
+            "policy": r.policy, "target": target, "param": r.param, "agreement_select": r.agreement,
+            "agreement": np.nan if got is None else got["agreement"],
+            "frac_layers": np.nan if got is None else got["frac_layers"],
+        })
     out = pd.DataFrame(rows)
     out["saving"] = 1 - out["frac_layers"]
     return out

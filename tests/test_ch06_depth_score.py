@@ -101,6 +101,8 @@ def test_exit_text_and_verify_taus():
     text = ch.exit_text(_saving(np.nan), sweep, target=0.99, info=info, block_params=100)
     assert "never reaches this agreement" in text and "up to 0.999" in text and "costs more" in text
     assert "save **20%**" in ch.exit_text(_saving(0.2), sweep, target=0.99, info=info, block_params=100_000)
+    held = ch.exit_text(_saving(0.2), sweep, target=0.99, info=info, block_params=100, n_select=12, n_report=12)
+    assert "chosen on 12 passages" in held and "measured on the other 12" in held
     assert ch.verify_taus(_saving(0.2), [0.5]) == [0.5, 0.9]
     assert ch.verify_taus(_saving(np.nan), [0.9, 0.5]) == [0.5, 0.9]
 
@@ -116,6 +118,10 @@ def test_first_passages_cut_every_table():
     df = pd.DataFrame({"item": [0, 1, 2, 2], "x": range(4)})
     cut = ch.first_passages(T(df, df, df, "tuned"), 2)
     assert cut.steps["item"].tolist() == [0, 1] and cut.targets.index.tolist() == [0, 1] and cut.lens == "tuned"
+    df4 = pd.DataFrame({"item": [0, 1, 2, 3, 3], "x": range(5)})
+    select, report = ch.split_passages(T(df4, df4, df4, "tuned"))
+    assert select.steps["item"].tolist() == [0, 1] and report.steps["item"].tolist() == [2, 3, 3]
+    assert not set(select.targets["item"]) & set(report.targets["item"])
 
 
 def test_headline_table_and_headlines_keep_chapter_07_names():

@@ -25,11 +25,13 @@ from depthkit.residual import passage_items
 
 # Four predicted tokens of a 4-block model, layers 0..4 (layer 4 = model output).
 # (item, position, top-1 per layer, top-1 prob per layer, rank of the final token, true next)
+# Over all rows (scores_from_arrays on layers 0..4) / as depth_scores defines them (d1 over
+# rows 1..4, d_sat and flips over the lens rows 1..3):
 TOKENS = [
-    (0, 1, [5, 5, 7, 7, 9], [0.3, 0.6, 0.4, 0.95, 0.8], [10, 4, 2, 2, 1], 9),  # d1 4, d_sat 4, 2 flips
-    (0, 2, [3, 8, 8, 8, 8], [0.2, 0.7, 0.9, 0.95, 0.97], [5, 1, 1, 1, 1], 3),  # d1 1, d_sat 1, 1 flip
-    (1, 1, [8, 2, 8, 2, 2], [0.9, 0.1, 0.2, 0.3, 0.6], [2, 1, 2, 1, 1], 2),  # d1 1, d_sat 3, 3 flips
-    (1, 2, [4, 4, 4, 4, 4], [0.5, 0.5, 0.5, 0.5, 0.5], [1, 1, 1, 1, 1], 1),  # d1 0, d_sat 0, 0 flips
+    (0, 1, [5, 5, 7, 7, 9], [0.3, 0.6, 0.4, 0.95, 0.8], [10, 4, 2, 2, 1], 9),  # d1 4, d_sat 4, 2 flips / 4, 2, 1; lens ends on 7, not 9
+    (0, 2, [3, 8, 8, 8, 8], [0.2, 0.7, 0.9, 0.95, 0.97], [5, 1, 1, 1, 1], 3),  # d1 1, d_sat 1, 1 flip / 1, 1, 0
+    (1, 1, [8, 2, 8, 2, 2], [0.9, 0.1, 0.2, 0.3, 0.6], [2, 1, 2, 1, 1], 2),  # d1 1, d_sat 3, 3 flips / 1, 3, 2
+    (1, 2, [4, 4, 4, 4, 4], [0.5, 0.5, 0.5, 0.5, 0.5], [1, 1, 1, 1, 1], 1),  # d1 0, d_sat 0, 0 flips / 1, 1, 0
 ]
 
 
@@ -64,20 +66,21 @@ def test_scores_from_arrays():
 def test_depth_scores(hand_traj):
     s = depth_scores(hand_traj)
     assert s[["item", "position"]].values.tolist() == [[0, 1], [0, 2], [1, 1], [1, 2]]
-    assert s["d1"].tolist() == [4, 1, 1, 0]
-    assert s["d_sat_norm"].tolist() == [1.0, 0.25, 0.75, 0.0]
-    assert s["flips_norm"].tolist() == [0.5, 0.25, 0.75, 0.0]
+    # layer 0 is no depth; d_sat and flips read the lens rows 1..3 only, never the model's row 4
+    assert s["d1"].tolist() == [4, 1, 1, 1]
+    assert s["d_sat_norm"].tolist() == [0.5, 0.25, 0.75, 0.25]
+    assert s["flips_norm"].tolist() == [0.25, 0.0, 0.5, 0.0]
     assert s["correct"].tolist() == [True, False, True, False]
     assert s["final_prob"].tolist() == [0.8, 0.97, 0.6, 0.5]
-    assert s["settles_on_final"].all()
+    assert s["settles_on_final"].tolist() == [False, True, True, True]
 
 
 def test_deep_thinking_ratio(hand_traj):
     s = depth_scores(hand_traj)
     dtr = deep_thinking_ratio(s)
     assert dtr["n_tokens"].tolist() == [2, 2]
-    assert dtr["dtr"].tolist() == [0.5, 0.0]  # only d_sat/L = 1.0 reaches 0.85
-    assert deep_thinking_ratio(s, rho=0.7)["dtr"].tolist() == [0.5, 0.5]
+    assert dtr["dtr"].tolist() == [0.0, 0.0]  # no lens settles after 85 % of the blocks
+    assert deep_thinking_ratio(s, rho=0.7)["dtr"].tolist() == [0.0, 0.5]
     with pytest.raises(ValueError, match="depth fraction"):
         deep_thinking_ratio(s, rho=0)
 
@@ -93,8 +96,9 @@ def test_exit_sweep_policies(hand_traj):
     assert fixed["agreement"].tolist() == [0.25, 0.75, 0.5, 0.75, 1.0]
     assert fixed["frac_layers"].tolist() == [0.0, 0.25, 0.5, 0.75, 1.0]
     oracle = sw[sw["policy"].str.startswith("oracle")].set_index("policy")
-    assert oracle.loc["oracle (d_sat)", "frac_layers"] == pytest.approx(0.5)
-    assert oracle.loc["oracle (d_1)", "frac_layers"] == pytest.approx(1.5 / 4)
+    # d_sat 2, 1, 3, 1, but the first token's lens settles on 7, not the model's 9: it runs all 4 blocks
+    assert oracle.loc["oracle (d_sat)", "frac_layers"] == pytest.approx(9 / 16)
+    assert oracle.loc["oracle (d_1)", "frac_layers"] == pytest.approx(7 / 16)
     assert (oracle["agreement"] == 1.0).all()
 
 
@@ -102,7 +106,7 @@ def test_saving_at(hand_traj):
     sw = exit_sweep(hand_traj, taus=[0.5, 0.9, 0.99])
     s99 = saving_at(sw, 0.99).set_index("policy")
     assert s99.loc["confidence", "saving"] == 0.0 and s99.loc["fixed", "saving"] == 0.0
-    assert s99.loc["oracle (d_sat)", "saving"] == pytest.approx(0.5)
+    assert s99.loc["oracle (d_sat)", "saving"] == pytest.approx(7 / 16)
     s75 = saving_at(sw, 0.75).set_index("policy")
     assert s75.loc["fixed", "param"] == 1 and s75.loc["fixed", "saving"] == pytest.approx(0.75)
     sw_no = sw[sw["policy"] != "fixed"].copy()
@@ -168,3 +172,20 @@ def test_token_pos_alignment(tiny_llama):
         assert row["pos"] == word.pos_
     assert set(got["position"]) == set(items[0].positions)
     assert got.loc[got["pos"] == "NOUN", "first_piece"].any()
+
+
+def test_thresholds_are_chosen_on_one_half_and_measured_on_the_other():
+    # choosing half: every tau reaches the target; held-out half: tau 0.5 agrees on 50 % only
+    rows = lambda pol, params, agree, frac: pd.DataFrame(  # noqa: E731
+        {"policy": pol, "param": params, "agreement": agree, "mean_layers": np.array(frac) * 4, "frac_layers": frac, "n_tokens": 10})
+    select = pd.concat([rows("confidence", [0.5, 0.9], [1.0, 1.0], [0.25, 0.5]), rows("fixed", [1.0, 4.0], [0.99, 1.0], [0.25, 1.0]),
+                        rows("oracle (d_sat)", [np.nan], [1.0], [0.5])])
+    report = pd.concat([rows("confidence", [0.5, 0.9], [0.5, 0.95], [0.3, 0.6]), rows("fixed", [1.0, 4.0], [0.6, 1.0], [0.25, 1.0]),
+                        rows("oracle (d_sat)", [np.nan], [1.0], [0.55])])
+    from depthkit.depth_score import held_out_saving
+
+    s = held_out_saving(select, report, 0.99).set_index("policy")
+    assert s.loc["confidence", "param"] == 0.5 and s.loc["confidence", "agreement_select"] == 1.0
+    assert s.loc["confidence", "agreement"] == 0.5 and s.loc["confidence", "saving"] == pytest.approx(0.7)
+    assert s.loc["fixed", "param"] == 1.0 and s.loc["fixed", "agreement"] == 0.6
+    assert s.loc["oracle (d_sat)", "saving"] == pytest.approx(0.45)

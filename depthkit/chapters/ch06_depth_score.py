@@ -168,9 +168,13 @@ def _pct(v: float) -> str:
     return "not reached" if np.isnan(v) else f"{v:.0%}"
 
 
-def exit_text(saving: pd.DataFrame, sweep: pd.DataFrame, *, target: float, info: Any, block_params: int) -> str:
-    """The Markdown summary of the early-exit operating points at ``target`` agreement.
-    Savings are operating points of the sweep over all tokens (no interval)."""
+def exit_text(
+    saving: pd.DataFrame, sweep: pd.DataFrame, *, target: float, info: Any, block_params: int,
+    n_select: int | None = None, n_report: int | None = None,
+) -> str:
+    """The Markdown summary of the early-exit operating points at ``target`` agreement
+    (``saving``: :func:`depthkit.depth_score.held_out_saving`, thresholds chosen on
+    ``n_select`` passages and measured on ``n_report`` others; no interval)."""
     s = saving.set_index("policy")
     conf, fixed, osat, o1 = (s.loc[k] for k in POLICIES)
     readout = info.d_model * info.d_vocab
@@ -182,14 +186,20 @@ def exit_text(saving: pd.DataFrame, sweep: pd.DataFrame, *, target: float, info:
         )
     else:
         conf_line = (
-            f"the **confidence policy** (τ = {conf['param']:.4g}) runs {conf['frac_layers']:.0%} of the blocks on average: "
-            f"a dynamic-depth model could save **{conf['saving']:.0%}** of the block compute"
+            f"the **confidence policy** (τ = {conf['param']:.4g}) runs {conf['frac_layers']:.0%} of the blocks on average "
+            f"and agrees with the full model on {_pct(conf.get('agreement', np.nan))} of tokens: a dynamic-depth model "
+            f"could save **{conf['saving']:.0%}** of the block compute"
         )
+    split = (
+        f"τ and the exit layer are chosen on {n_select} passages to reach {target:.0%} agreement there; the figures below "
+        f"are measured on the other {n_report}, so they may fall short of {target:.0%}."
+        if n_select and n_report else f"At {target:.0%} agreement with the full model:"
+    )
     return f'''
-At {target:.0%} agreement with the full model:
+{split}
 
 * {conf_line}
-* a **fixed exit layer** saves {_pct(fixed['saving'])} (layer {fixed['param']:.0f} of {info.n_blocks});
+* a **fixed exit layer** saves {_pct(fixed['saving'])} (layer {fixed['param']:.0f} of {info.n_blocks}, agreement {_pct(fixed.get('agreement', np.nan))});
 * the oracles save {_pct(osat['saving'])} (exit at d_sat) and {_pct(o1['saving'])} (exit at d₁): what a perfect exit rule could reach.
 
 The saving counts transformer blocks only. Testing the confidence needs a lens read-out per layer: one unembedding has
@@ -208,7 +218,18 @@ def verify_taus(saving: pd.DataFrame, taus: list[float]) -> list[float]:
 
 def first_passages(traj: Any, n: int) -> Any:
     """The trajectory restricted to passages ``0..n-1``."""
-    sub = lambda df: df[df["item"] < n].reset_index(drop=True)  # noqa: E731
+    return _passages(traj, lambda item: item < n)
+
+
+def split_passages(traj: Any) -> tuple[Any, Any]:
+    """The passages split in two halves (the passages are in random order already):
+    early-exit thresholds are chosen on the first and measured on the second."""
+    half = max(1, int(traj.steps["item"].nunique()) // 2)
+    return first_passages(traj, half), _passages(traj, lambda item: item >= half)
+
+
+def _passages(traj: Any, keep: Callable[[pd.Series], pd.Series]) -> Any:
+    sub = lambda df: df[keep(df["item"])].reset_index(drop=True)  # noqa: E731
     return dataclasses.replace(traj, steps=sub(traj.steps), topk=sub(traj.topk), targets=sub(traj.targets))
 
 
