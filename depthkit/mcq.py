@@ -404,6 +404,15 @@ def accuracy(ranks: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def majority_baseline(prompts: pd.DataFrame) -> pd.Series:
+    """Per task, the accuracy of always giving the most frequent gold answer (by its
+    position in the option list): what a model that ignores the question scores.
+    A task whose accuracy does not clear it says nothing about reasoning."""
+    if not {"task", "gold"} <= set(prompts.columns):
+        raise ValueError("The prompts need task and gold columns; build them with build_prompts or load_mcq_file.")
+    return prompts.groupby("task")["gold"].agg(lambda g: g.value_counts(normalize=True).max()).rename("majority_baseline")
+
+
 def first_layer_reaching(curve: np.ndarray, layers: np.ndarray, level: float, *, stay: bool) -> float:
     """Earliest layer whose value is ≥ ``level`` (``stay``: and every later one
     too); NaN if none."""

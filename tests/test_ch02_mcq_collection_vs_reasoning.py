@@ -20,20 +20,28 @@ class FakeRun:
         return self.tables[name]
 
 
-def ranks_frame(n_items: int = 12, n_layers: int = 5, collect_at: int = 1, decide_at: int = 3) -> pd.DataFrame:
+def ranks_frame(n_items: int = 12, n_layers: int = 5, collect_at: int = 1, decide_at: int = 3, balanced: bool = False) -> pd.DataFrame:
     """Two options; both in the top-2 from ``collect_at``; the final answer (option
-    1) is the most probable option from ``decide_at`` on, option 0 before."""
+    1, the gold one) is the most probable option from ``decide_at`` on, option 0
+    before. ``balanced``: odd items swap the two options' roles, so the gold answer
+    is option 0 for half the items (a majority baseline of 50 %)."""
     rows = []
     for item in range(n_items):
+        answer = 0 if balanced and item % 2 else 1
         for layer in range(n_layers):
             collected = layer >= collect_at
             late = layer >= decide_at
             for opt in (0, 1):
-                best = (opt == 1) == late
+                best = (opt == answer) == late
                 rows.append({"task": "mmlu", "item": item, "layer": layer, "option": opt,
                              "rank": (1 if best else 2) if collected else (50 if best else 60),
-                             "prob": 0.6 if best else 0.3, "is_gold": opt == 1, "top1_is_option": True})
+                             "prob": 0.6 if best else 0.3, "is_gold": opt == answer, "top1_is_option": True})
     return pd.DataFrame(rows)
+
+
+def _prompts(n_items: int, balanced: bool = True) -> pd.DataFrame:
+    return pd.DataFrame({"task": "mmlu", "options": [(" A", " B")] * n_items,
+                         "gold": [0 if balanced and i % 2 else 1 for i in range(n_items)]})
 
 
 def test_order_difference_is_decision_minus_collection():
@@ -50,14 +58,26 @@ def test_layer_summary_states_the_order_only_with_an_interval():
     from depthkit import mcq
 
     for n_items, finding in ((12, True), (4, False)):
-        r = ranks_frame(n_items=n_items)
+        r = ranks_frame(n_items=n_items, balanced=True)
         est = mcq.layer_estimates(r, n_boot=50, seed=0)
         acc = mcq.accuracy(r)
-        prompts = pd.DataFrame({"task": "mmlu", "options": [(" A", " B")] * n_items})
-        text = ch.layer_summary(est, acc, prompts, r, 4, n_boot=50, seed=0)
+        text = ch.layer_summary(est, acc, _prompts(n_items), r, 4, n_boot=50, seed=0)
         assert ("settled answers are 2.0 layers later than collected options" in text) is finding
-        assert ("no finding is drawn" in text) is not finding
+        # 4 prompts: no interval for the accuracy either, so the task cannot be tested at all
+        assert ("Accuracy does not clear the majority baseline of 50%" in text) is not finding
         assert "95%" not in text  # the old ad-hoc formatter
+
+
+def test_a_task_at_its_majority_baseline_says_nothing_about_reasoning():
+    from depthkit import mcq
+
+    # every gold answer is option 1 and the model always says option 1: 100 % accuracy, 100 % baseline
+    r = ranks_frame(n_items=12)
+    text = ch.layer_summary(mcq.layer_estimates(r, n_boot=50, seed=0), mcq.accuracy(r), _prompts(12, balanced=False), r, 4,
+                            n_boot=50, seed=0)
+    assert "majority baseline 100%" in text and "says nothing about a reasoning stage" in text
+    assert "later than collected options" not in text
+    assert mcq.majority_baseline(_prompts(12)).loc["mmlu"] == 0.5
 
 
 def test_share_ci_resamples_prompts_and_respects_min_n():

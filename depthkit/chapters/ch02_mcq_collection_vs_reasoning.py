@@ -114,6 +114,10 @@ def _layer(v: float, lo: float, hi: float, n_blocks: int, missing: str = "not re
 
 
 def layer_summary(est: pd.DataFrame, acc: pd.DataFrame, prompts: pd.DataFrame, ranks: pd.DataFrame, n_blocks: int, *, n_boot: int, seed: int) -> str:
+    """Per task: where options are collected and where the answer settles; the order
+    of the two, and any reading of the settled layer as a reasoning stage, only
+    where accuracy's interval clears the task's majority baseline."""
+    baseline = mcq.majority_baseline(prompts)
     lines = []
     for r in est.itertuples():
         a = acc.set_index("task").loc[r.task]
@@ -132,11 +136,21 @@ def layer_summary(est: pd.DataFrame, acc: pd.DataFrame, prompts: pd.DataFrame, r
             if a.majority_share >= 0.9 else ""
         )
         ci = share_ci(a.accuracy, int(a.n), n_boot=n_boot, seed=seed)
-        lines.append(
-            f"* **{r.task}** (n = {r.n}, accuracy {narrate.share(*ci[:3], digits=0)}, top-1 is an option for {a.top1_option:.0%}): "
-            f"options collected at {_layer(r.collection_layer, r.collection_lo, r.collection_hi, n_blocks)} "
-            f"({half}peak share {r.peak_collected_share:.0%} at layer {r.peak_layer}); "
+        base = float(baseline.get(r.task, np.nan))
+        testable = np.isfinite(ci.lo) and ci.lo > base
+        settled = (
             f"answer settled at {_layer(r.decision_layer, r.decision_lo, r.decision_hi, n_blocks)}{order}.{alike}"
+            if testable
+            else f"answer settled at {_layer(r.decision_layer, r.decision_lo, r.decision_hi, n_blocks)}. **Accuracy does not "
+            f"clear the majority baseline of {base:.0%}** (always giving the most frequent gold answer)"
+            + ("" if np.isfinite(ci.lo) else f" or has no interval ({narrate.NO_INTERVAL})")
+            + ", so on this task the settled layer says nothing about a reasoning stage."
+        )
+        lines.append(
+            f"* **{r.task}** (n = {r.n}, accuracy {narrate.share(*ci[:3], digits=0)}, majority baseline {base:.0%}, "
+            f"top-1 is an option for {a.top1_option:.0%}): "
+            f"options collected at {_layer(r.collection_layer, r.collection_lo, r.collection_hi, n_blocks)} "
+            f"({half}peak share {r.peak_collected_share:.0%} at layer {r.peak_layer}); {settled}"
         )
     return (
         f"Collection layer: the first layer where the share of prompts with every option in the top-|O| reaches "
