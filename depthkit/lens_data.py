@@ -86,13 +86,38 @@ BUDGETS: dict[str, dict[str, Any]] = {
 }
 
 
+def parse_budget(text: str) -> dict[str, Any]:
+    """``"steps=200,lr=1e-4"`` as TrainConfig fields (numbers as numbers): the form a
+    budget takes on the command line and in a notebook's parameters cell, where
+    the default budget plus these fields is meant."""
+    out: dict[str, Any] = {}
+    for part in (p.strip() for p in text.split(",")):
+        key, eq, value = part.partition("=")
+        if not eq or not key.strip().isidentifier() or not value.strip():
+            raise ValueError(f"Tuned-lens budget {text!r}: write fields as key=value separated by commas, e.g. 'steps=200'.")
+        v = value.strip()
+        try:
+            out[key.strip()] = int(v)
+        except ValueError:
+            try:
+                out[key.strip()] = float(v)
+            except ValueError:
+                out[key.strip()] = None if v.lower() == "none" else v
+    return out
+
+
 def resolve_config(budget: str | Mapping[str, Any] | TrainConfig = "default", **overrides: Any) -> TrainConfig:
     """A :class:`TrainConfig` from a budget name, a dict of fields or a config."""
     if isinstance(budget, TrainConfig):
         base = dataclasses.asdict(budget)
+    elif isinstance(budget, str) and "=" in budget:
+        return resolve_config(parse_budget(budget), **overrides)
     elif isinstance(budget, str):
         if budget not in BUDGETS:
-            raise ValueError(f"Unknown tuned-lens budget {budget!r}; choose one of {', '.join(BUDGETS)} or pass a dict of TrainConfig fields.")
+            raise ValueError(
+                f"Unknown tuned-lens budget {budget!r}; choose one of {', '.join(BUDGETS)}, fields such as "
+                "'steps=200,batch_positions=64', or pass a dict of TrainConfig fields."
+            )
         base = dict(BUDGETS[budget])
     elif isinstance(budget, Mapping):
         fields = {f.name for f in dataclasses.fields(TrainConfig)}

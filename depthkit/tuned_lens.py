@@ -16,6 +16,7 @@ lens their parameters name. Engine calls with a lens *name* only load.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -74,8 +75,18 @@ def lens_for(
     trained now and saved: :func:`get_tuned_lens`, which takes ``kwargs``: text,
     cache_dir, progress, downweight, seed, cache), a :class:`Lens` itself.
 
+    A path to a saved lens file (``.safetensors`` with its JSON sidecar) loads that
+    lens, checked against this model (:func:`load_lens`).
+
     Engine calls (``trajectories(model, lens="tuned")``) only load saved lenses
     (:func:`resolve_lens`); this is the call that says training may happen."""
     if lens == "tuned":
         return get_tuned_lens(model, budget, **kwargs)
+    if isinstance(lens, (str, os.PathLike)) and is_lens_path(lens):
+        return load_lens(model, os.fspath(lens))
     return resolve_lens(model, lens)
+
+
+def is_lens_path(lens: str | os.PathLike) -> bool:
+    """Whether a ``lens`` parameter names a saved lens file rather than a lens kind."""
+    return os.fspath(lens).endswith((".safetensors", ".json"))

@@ -171,3 +171,23 @@ def test_every_registered_chapter_has_a_spec():
     for ch in CHAPTERS.values():
         assert "results_root" in ch.params
         assert ch.takes_model == (ch.id != "07")
+
+
+def test_any_budget_and_a_saved_lens_file_are_accepted_and_bad_ones_refused(tmp_path):
+    ch01 = chapter("01")
+    assert validate_run(ch01, {"lens_budget": "steps=3,batch_positions=16"}) == {"lens_budget": "steps=3,batch_positions=16"}
+    with pytest.raises(ParameterError, match="Unknown tuned-lens config keys") as err:
+        validate_run(ch01, {"lens_budget": "stepz=3"})
+    hint = HINT.search(str(err.value)).group(1)
+    assert validate_run(ch01, book.parse_params(shlex.split(hint)[4::2])) == {"lens_budget": "steps=200"}
+    with pytest.raises(ParameterError, match="Unknown tuned-lens budget 'lots'.*steps=200"):
+        validate_run(ch01, {"lens_budget": "lots"})
+    with pytest.raises(ParameterError, match="key=value"):
+        validate_run(ch01, {"lens_budget": "steps=3,lr"})
+    with pytest.raises(ParameterError, match="no such lens file"):
+        validate_run(ch01, {"lens": str(tmp_path / "mine.safetensors")})
+    with pytest.raises(ParameterError, match="choose 'tuned', 'logit' or the path"):
+        validate_run(ch01, {"lens": "tunde"})
+    (tmp_path / "mine.safetensors").write_bytes(b"")
+    assert validate_run(ch01, {"lens": str(tmp_path / "mine.safetensors")})
+    assert validate_run(chapter("00"), {"bias_budget": "steps=2"}) == {"bias_budget": "steps=2"}

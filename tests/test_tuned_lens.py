@@ -383,3 +383,16 @@ def test_one_default_lens_everywhere():
     assert DEFAULT_LENS == "logit"
     for fn in (trajectories, mcq.option_ranks, facts.answer_ranks, early_exit.exit_logits, resolve_lens, lens_for):
         assert inspect.signature(fn).parameters["lens"].default == DEFAULT_LENS, fn.__name__
+
+
+def test_budget_fields_from_text_and_a_lens_from_its_file(model, tmp_path):
+    from depthkit.lens_data import parse_budget
+
+    assert parse_budget("steps=200, lr=1e-4,downweight=the") == {"steps": 200, "lr": 1e-4, "downweight": "the"}
+    assert resolve_config("steps=7").steps == 7 and resolve_config("steps=7").train_tokens == resolve_config("default").train_tokens
+    with pytest.raises(ValueError, match="key=value"):
+        parse_budget("steps")
+    lens = lens_for(model, "tuned", budget="steps=1,train_tokens=64,heldout_tokens=16,seq_len=16", text=TEXT,
+                    cache_dir=tmp_path, progress=False)
+    again = lens_for(model, str(lens.path))
+    assert isinstance(again, TunedLens) and torch.equal(again.A, lens.A) and again.meta["config"]["steps"] == 1

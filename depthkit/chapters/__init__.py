@@ -52,8 +52,11 @@ MODEL_PARAMS: dict[str, Param] = {
     "device_map": Param(str, optional=True, help="transformers device_map for hub models, e.g. 'auto'"),
 }
 LENS_PARAMS: dict[str, Param] = {
-    "lens": Param(str, choices=("tuned", "logit")),
-    "lens_budget": Param(str, choices=("default", "smoke"), help="tuned-lens training budget if none is cached"),
+    "lens": Param(str, example="tuned", help="'tuned', 'logit' or the path of a saved lens (.safetensors)"),
+    "lens_budget": Param(
+        str, example="default",
+        help="tuned-lens budget if none is cached: 'default', 'smoke' or fields such as 'steps=200'",
+    ),
     "convention": Param(str, choices=("canonical", "authors"), help="layer convention"),
 }
 RESULTS_PARAM: dict[str, Param] = {"results_root": Param(str, optional=True, help="folder of the result tables")}
@@ -126,7 +129,7 @@ CHAPTERS: dict[str, Chapter] = {
                 lens=False,
                 shared=("seed",),
                 lens_budget=LENS_PARAMS["lens_budget"],
-                bias_budget=Param(str, choices=("default", "smoke"), help="budget of the down-weighted lenses"),
+                bias_budget=replace(LENS_PARAMS["lens_budget"], help="budget of the down-weighted lenses: like lens_budget"),
                 convention=LENS_PARAMS["convention"],
                 n_eval=Param(int, min=10, max=5000, help="prompts of the prompt-level comparison"),
                 example_prompts=Param(list, min=1, max=10),
@@ -325,8 +328,36 @@ def notebook_defaults(ch: Chapter) -> dict[str, Any]:
     raise ValueError(f"{ch.notebook} has no cell tagged 'parameters'.")
 
 
+def _lens_choice(ch: Chapter, p: dict[str, Any]) -> str | None:
+    """``lens`` is a kind or an existing lens file; a budget is a name or valid
+    TrainConfig fields (checked by the config itself, which imports torch only when
+    a budget other than the two names is given)."""
+    lens = p.get("lens")
+    if lens is not None and lens not in ("tuned", "logit"):
+        if not str(lens).endswith((".safetensors", ".json")):
+            return (f"lens={lens!r}: choose 'tuned', 'logit' or the path of a saved lens file (.safetensors). "
+                    f"Re-run with e.g. `depthkit run {ch.id} -p lens=tuned`.")
+        if not Path(str(lens)).expanduser().with_suffix(".safetensors").is_file():
+            return (f"lens={lens!r}: no such lens file. Save one with depthkit.tuned_lens.save_lens, or re-run with "
+                    f"e.g. `depthkit run {ch.id} -p lens=tuned`.")
+    for key in ("lens_budget", "bias_budget"):
+        budget = p.get(key)
+        if budget is None or budget in ("default", "smoke"):
+            continue
+        from depthkit.lens_data import resolve_config
+
+        try:
+            resolve_config(budget)
+        except (TypeError, ValueError) as err:
+            return f"{key}={budget!r}: {err} Re-run with e.g. `depthkit run {ch.id} -p {key}=steps=200`."
+    return None
+
+
 def _check(ch: Chapter, values: Mapping[str, Any]) -> dict[str, Any]:
     p = check_params(dict(values), chapter=ch.id, **ch.params)
+    problem = _lens_choice(ch, p)
+    if problem:
+        raise ParameterError(problem)
     for check in ch.checks:
         problem = check(p)
         if problem:
