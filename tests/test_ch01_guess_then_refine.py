@@ -136,3 +136,11 @@ def test_whitespace_predictions_are_reported_apart():
     text = ch.summary(pp, t, ch.peak_layer(pp, n_boot=50, seed=0), agree, L=6, source="s", weights="w", minutes=0.1,
                       n_boot=50, seed=0, no_blank=clean, n_blank=len(blank))
     assert "Leaving out the 10 prompts whose top-1 is a whitespace token" in text and "of 30 prompts" in text
+
+
+def test_the_peak_is_searched_from_layer_1():
+    # the embedding row (layer 0) has the highest Top-10 share, but it is no depth
+    steps, final = _steps(40, 6, lambda i, l: 0 if l == 2 else 30)
+    zero = steps[steps["layer"] == 1].assign(layer=0, top1_id=1)
+    pp = ch.per_prompt(pd.concat([zero, steps], ignore_index=True), final, _freq())
+    assert ch.peak_layer(pp, n_boot=20, seed=0).iloc[0]["estimate"] == 2

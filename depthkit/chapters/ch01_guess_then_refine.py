@@ -200,10 +200,12 @@ def _argmax_layer(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def peak_layer(pp: pd.DataFrame, *, n_boot: int, seed: int) -> pd.DataFrame:
-    """Layer where the Top-10 share of the lens top-1 peaks, resampling prompts:
+    """Layer (from layer 1: layer 0 is the embedding through the lens, no depth) where
+    the Top-10 share of the lens top-1 peaks, resampling prompts:
     ``[quantity, estimate, lo, hi, n]``."""
+    depth = pp[pp["layer"] >= FIRST_LAYER]
     est = stats.curve_estimate(
-        pp.rename(columns={"top10": "value"}), "value", _argmax_layer, by="layer", n_boot=n_boot, seed=seed
+        depth.rename(columns={"top10": "value"}), "value", _argmax_layer, by="layer", n_boot=n_boot, seed=seed
     )
     return pd.DataFrame([{"quantity": Q_PEAK, "estimate": est.estimate, "lo": est.lo, "hi": est.hi, "n": est.n}])
 
@@ -228,7 +230,8 @@ def summary(
     fin = _pick(t["final_share"], L)
     fl1 = _pick(t["flips"], FIRST_LAYER)
     pk = peak.iloc[0]
-    peak_share = t["shares"][t["shares"]["bucket"].astype(str) == TOP].set_index("layer")["share"].max()
+    tops = t["shares"][t["shares"]["bucket"].astype(str) == TOP].set_index("layer")["share"]
+    peak_share = tops[tops.index >= FIRST_LAYER].max()
     at1 = pp[pp["layer"] == FIRST_LAYER]
     change = stats.bootstrap_ci((at1["final_top10"] - at1["top10"]).to_numpy() * 100, n_boot=n_boot, seed=seed)
     trend = narrate.difference(
@@ -281,7 +284,8 @@ def headlines(run: Any) -> pd.DataFrame:
         pk = run["peak_layer"].iloc[0]
         rows.append((Q_PEAK, pk["estimate"], pk["lo"], pk["hi"], pk["n"], "layer"))
     except Exception:  # runs saved before the peak had an interval
-        best = top.loc[top["share"].idxmax()]
+        depth = top[top["layer"] >= FIRST_LAYER]
+        best = depth.loc[depth["share"].idxmax()]
         rows.append((Q_PEAK, best["layer"], NAN, NAN, best["n_total"], "layer"))
     l1 = top[top["layer"] == FIRST_LAYER].iloc[0]
     rows.append((Q_L1, l1["share"], l1.get("lo", NAN), l1.get("hi", NAN), l1["n_total"], "share"))
