@@ -240,14 +240,19 @@ def clean_executed(nb: Any, kernelspec: dict[str, Any] | None) -> Any:
     """Make an executed notebook fit for the static book: drop the chart bundle
     output (the book ships the bundle once), drop saved widget state (it would
     pull require.js and the widget manager from a CDN), drop progress-bar
-    widgets, replace other widgets by a note saying where they work, and restore
-    the source notebook's kernelspec."""
+    widgets, replace other widgets by a note saying where they work, restore
+    the source notebook's kernelspec, and keep papermill's injected-parameters cell
+    out of the rendered page (it holds this machine's paths; the run's parameters
+    are in the results manifest, and the notebook file keeps the cell)."""
     nb.metadata.pop("widgets", None)
     if kernelspec:
         nb.metadata["kernelspec"] = kernelspec
     for cell in nb.cells:
         if cell.get("cell_type") != "code":
             continue
+        tags = cell.setdefault("metadata", {}).setdefault("tags", [])
+        if "injected-parameters" in tags and "remove-cell" not in tags:
+            tags.append("remove-cell")
         kept = []
         for out in cell.get("outputs", []):
             if out.get("metadata", {}).get(plots.BUNDLE_MARK):

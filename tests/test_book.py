@@ -220,6 +220,9 @@ def test_clean_executed_drops_bundle_widget_state_and_progress_bars() -> None:
     assert "depthkit-chart" in outputs[1]["data"]["text/html"]
     assert outputs[2]["text"] == "hello\n"
     nbformat.validate(out)
+    injected = nbformat.v4.new_code_cell('results_root = "/tmp/x"', metadata={"tags": ["injected-parameters"]})
+    nb.cells = [injected]
+    assert book.clean_executed(nb, None).cells[0].metadata["tags"] == ["injected-parameters", "remove-cell"]
 
 
 # --------------------------------------------------------------------------- table of contents

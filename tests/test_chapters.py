@@ -175,6 +175,15 @@ def test_a_normal_build_logs_no_papermill_warning(smoke_book):
     assert log.read_text() == "", log.read_text()[:2000]
 
 
+def test_no_page_shows_this_machines_paths(smoke_book):
+    index, results = smoke_book
+    pages = sorted((index.parent / "book" / "chapters").glob("*.html"))
+    assert pages
+    for page in pages:
+        html = page.read_text()
+        assert str(results) not in html and str(results.parent) not in html, page.name
+
+
 def test_the_book_rebuilds_from_executed_chapters_without_running_them(smoke_book):
     """After `depthkit run NN --model other`, `depthkit book --no-execute` puts that
     page into the HTML as it is; chapter 07 runs again only if results changed."""

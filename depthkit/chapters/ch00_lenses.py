@@ -37,8 +37,8 @@ def model_note(info: Any, meta: Mapping[str, Any], budget: str) -> str:
         "not one of the paper's models. "
         f"**Tuned lens:** budget `{budget}`, trained on {meta['n_train_positions']:,} positions of "
         f"{n_passages} Wikipedia passage{'s' * (n_passages != 1)} ({training}) "
-        f"in {took / 60:.1f} minutes ({took:.0f} s) of wall time; load average {meta['load_average']['start'][0]} "
-        f"on {meta['torch_threads']} threads when it started (other jobs may have shared the machine)."
+        f"in {took / 60:.1f} minutes ({took:.0f} s) of wall time on {meta['torch_threads']} threads "
+        "(the lens file's sidecar records the machine's load)."
     )
 
 
