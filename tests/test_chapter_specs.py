@@ -43,6 +43,13 @@ def test_choice_lists_match_the_analysis_modules():
 def test_notebook_parameters_are_the_spec_and_the_defaults_are_valid(ch: Chapter):
     defaults = notebook_defaults(ch)
     assert list(defaults) == list(ch.params), ch.slug
+    # papermill must read every line too (it skips, with a warning, a line it cannot parse,
+    # e.g. one whose comment holds an equals sign): otherwise `-p` would not reach it
+    import nbformat
+    from papermill.translators import PythonTranslator
+
+    cell = next(c for c in nbformat.read(ch.notebook, 4).cells if "parameters" in c.metadata.get("tags", []))
+    assert [q.name for q in PythonTranslator.inspect(cell)] == list(ch.params), ch.slug
     checked = check_chapter_params(ch.id, defaults)
     assert list(checked) == list(ch.params)  # every parameter, in spec order
     assert validate_run(ch, {}) == {}
