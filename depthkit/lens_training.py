@@ -15,11 +15,12 @@ What makes it affordable here:
 * a closed-form start: per layer, a ridge regression from h_ℓ to the
   RMS-normalised final residual (the readout is scale-invariant, so the scale of
   the target does not matter). On smollm2-135m this alone cuts the held-out KL
-  by 65-96 % at every layer, which is why the default budget stops there;
-* optional Adam steps on the KL itself (``steps`` > 0), layer by layer (the
+  by 65-96 % at every layer, but it minimises squared error, not the KL;
+* Adam steps on the KL itself (``steps``; 100 in the default budget), layer by layer (the
   layers' losses are independent, so each backward pass holds one layer's
   logits), in standardised coordinates (see :func:`_adam`), with the unembedding
-  products in bfloat16 (two to three times faster than float32 on these CPUs);
+  products in bfloat16 where a probe finds that safe and faster (see
+  :mod:`depthkit.precision`);
 * held-out metrics with bfloat16 products too; each run records how far they are
   from float32 on a slice (``eval_dtype_check`` in the sidecar).
 """

@@ -28,6 +28,8 @@ DEFAULT_LENS = "logit"
 
 Convention = Literal["canonical", "authors"]
 CONVENTIONS: tuple[str, ...] = ("canonical", "authors")
+# The held-out metrics' name for a tuned lens before its Adam steps.
+RIDGE_START = "tuned (ridge start)"
 
 
 @dataclass(frozen=True)
@@ -171,8 +173,10 @@ class TunedLens(Lens):
 
     def heldout(self) -> pd.DataFrame:
         """Held-out per-layer metrics recorded at training time, tidy: layer, lens
-        ("logit" | "tuned"), kl (nats), top1_agreement."""
+        ("logit" | "tuned", and "tuned (ridge start)" for a lens that took Adam
+        steps: the same lens before them), kl (nats), top1_agreement."""
         rows = self.meta.get("heldout")
         if not rows:
             raise ValueError("This lens has no held-out metrics (it was not trained or loaded from a sidecar).")
-        return pd.DataFrame(rows)
+        start = [{**r, "lens": RIDGE_START} for r in self.meta.get("heldout_after_init") or () if r.get("lens") == "tuned"]
+        return pd.DataFrame([*rows, *start])

@@ -115,3 +115,12 @@ def test_headlines_from_saved_bias_table():
     assert h.loc[ch.Q_OUTPUT, "value"] == pytest.approx(0.25)
     assert set(out["scale"]) == {"share"} and np.isfinite(h.loc["early-layer Top-10 share, tuned lens", "lo"])
     assert list(ch.PAPER.columns) == PAPER_COLUMNS
+
+
+def test_fidelity_compares_the_trained_lens_with_its_ridge_start():
+    L = 4
+    rows = [{"layer": l, "lens": lens, "kl": kl, "top1_agreement": a}
+            for l in range(L) for lens, kl, a in (("logit", 5.0, 0.1), ("tuned", 1.0, 0.5), (ch.RIDGE_START, 1.5, 0.4))]
+    text, table = ch.fidelity(pd.DataFrame(rows), L)
+    assert "from 1.50 nats (the ridge start) to 1.00" in text and "from 40.0% to 50.0%" in text and "**4 of 4**" in text
+    assert ch.RIDGE_START in table["KL (nats)"].columns
