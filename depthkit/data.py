@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import hashlib
 import importlib.util
 import json
 import os
@@ -38,6 +37,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.ipc
 
+from depthkit.corpus import CORPUS_SPLITS, corpus_split, passage_digest
 from depthkit.records import DataError, load_records
 
 __all__ = [
@@ -157,24 +157,6 @@ def _passages() -> tuple[str, ...]:
     # BoolQ asks several questions about the same paragraph; keep each paragraph once,
     # in order of first appearance, so passage ids are stable.
     return tuple(dict.fromkeys(column))
-
-
-# One split of the embedded passages for the whole book, decided by each passage's
-# text (so it holds whatever order or subset a caller takes): tuned lenses train, and
-# hold out, on the "lens" quarter; every chapter analyses only the "analysis" rest.
-# So no chapter evaluates on text a lens was fitted to.
-CORPUS_SPLITS = ("all", "lens", "analysis")
-LENS_SHARE = 0.25
-
-
-def passage_digest(text: str) -> str:
-    """A short stable name of a passage's text (lens sidecars record these)."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-
-
-def corpus_split(text: str) -> str:
-    """``"lens"`` or ``"analysis"``: which part of the book's corpus split a passage is in."""
-    return "lens" if int(passage_digest(text)[:8], 16) < LENS_SHARE * 16**8 else "analysis"
 
 
 def wikipedia_passages(split: str = "all") -> list[str]:

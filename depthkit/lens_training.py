@@ -40,7 +40,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from depthkit.data import passage_digest
+from depthkit.corpus import passage_digest
 from depthkit.lens_data import (
     FORMAT_VERSION,
     Downweight,
