@@ -10,6 +10,10 @@ include the evaluated example:
 * **MMLU** (4 options): the first ``shots`` questions of the subject's *dev* split,
   formatted as ``question / A. ... / D. ... / Answer: B``; the evaluated questions
   come from the *test* split.
+* **ARC-Easy, ARC-Challenge, SciQ, OpenBookQA** (4 options) and **PIQA** (2), from
+  :mod:`depthkit.choice_sets`: lettered like MMLU under a one-line header; the
+  sets ship one split here, so ``shots`` demonstrations are a fixed seeded draw,
+  removed from the pool the evaluated questions come from.
 * **SST-2, MRPC, RTE** (2 options): GLUE ships only its validation split here, so
   the demonstrations are a fixed, label-balanced draw from it (seeded) and are
   removed from the pool the evaluated examples are drawn from. By default the
@@ -54,6 +58,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from depthkit import choice_sets
 from depthkit import data as dkdata
 from depthkit.lens_store import resolve_lens
 from depthkit.lenses import DEFAULT_LENS, Lens
@@ -63,7 +68,7 @@ from depthkit.trajectories import Trajectories, answer_token_ids, trajectories
 if TYPE_CHECKING:
     from depthkit.handles import Model
 
-TASKS = ("mmlu", "sst2", "mrpc", "rte")
+TASKS = ("mmlu", "sst2", "mrpc", "rte", *choice_sets.SETS)
 LETTERS = ("A", "B", "C", "D")
 # Rare in text and, after a space, one token each in both embedded tokenizers
 # (SmolLM2, Gemma 3); distinct first tokens are checked for every prompt anyway
@@ -104,7 +109,7 @@ def _label_set(labels: str | Sequence[str], task: str, n_options: int) -> tuple[
     """Labels to letter the options with, or None for verbalisers."""
     if isinstance(labels, str):
         if labels == "default":
-            return LETTERS[:n_options] if task == "mmlu" else None
+            return None if task in _GLUE else LETTERS[:n_options]
         if labels == "letters":
             return LETTERS[:n_options]
         if labels == "symbols":
@@ -189,6 +194,17 @@ def build_prompts(
         demo_lists = [demos_by_subject[s] for s in rows.subject]
         headers = [f"The following are multiple choice questions (with answers) about {s.replace('_', ' ')}." for s in rows.subject]
         n_options = 4
+    elif task in choice_sets.SETS:
+        pool = choice_sets.choice_set(task)
+        ex = [Example(q, "", tuple(ch), int(a)) for q, ch, a in zip(pool.question, pool.choices, pool.answer)]
+        # Fixed demonstrations drawn once, never evaluated (the sets ship one split here).
+        demo_idx = rng.choice(len(pool), size=min(int(shots), len(pool)), replace=False).tolist()
+        rest = np.setdiff1d(np.arange(len(pool)), demo_idx)
+        take = np.sort(rng.choice(rest, size=min(int(n), len(rest)), replace=False))
+        queries = [ex[i] for i in take]
+        demo_lists = [[ex[i] for i in demo_idx]] * len(take)
+        headers = [choice_sets.header(task)] * len(take)
+        n_options = len(ex[0].options)
     else:
         pool = dkdata.glue(task)
         ex = _glue_examples(task, pool)

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from depthkit import choice_sets
 from depthkit import data as dkdata
 from depthkit.mcq import (
     SYMBOLS,
@@ -94,7 +95,7 @@ def test_render_letters_and_verbalisers():
     assert "A. positive\nB. negative\nAnswer:" in text and opts == [" A", " B"] and gold == 0
 
 
-@pytest.mark.parametrize("task", ["mmlu", "sst2", "mrpc", "rte"])
+@pytest.mark.parametrize("task", ["mmlu", "sst2", "mrpc", "rte", "arc_easy", "arc_challenge", "sciq", "openbookqa", "piqa"])
 def test_build_prompts_never_uses_the_evaluated_example_as_demo(task):
     f = build_prompts(task, 6, shots=4, seed=3)
     assert len(f) == 6 and f["prompt"].is_unique
@@ -105,9 +106,28 @@ def test_build_prompts_never_uses_the_evaluated_example_as_demo(task):
         assert prompt.endswith(":")
         # four demonstrations, each closed by an option continuation
         assert sum(head.count(f"{o}\n\n") for o in opts) + sum(head.endswith(o) for o in opts) == 4
-    if task != "mmlu":
+    if task in dkdata.GLUE_TASKS:
         pool = dkdata.glue(task)
         assert (f["gold"].to_numpy() == pool.label.to_numpy()[f["example"].to_numpy()]).all()
+    if task in choice_sets.SETS:
+        pool = choice_sets.choice_set(task)
+        for ex, prompt, opts, gold in zip(f.example, f.prompt, f.options, f.gold):
+            # the gold letter names the gold choice of that very question
+            assert f"{opts[gold].strip()}. {pool.choices.iloc[ex][pool.answer.iloc[ex]]}" in prompt.rsplit("\n\n", 1)[1]
+            assert len(opts) == len(pool.choices.iloc[ex]) and opts[0] == " A"
+
+
+def test_choice_sets_are_clean_and_sciq_answers_are_not_always_a():
+    for task in choice_sets.SETS:
+        f = choice_sets.choice_set(task)
+        n = 2 if task == "piqa" else 4
+        assert len(f) > 250 and (f.choices.map(len) == n).all() and f.answer.between(0, n - 1).all(), task
+        assert f.answer.value_counts(normalize=True).max() < 0.35 + (0.25 if n == 2 else 0), task
+    sciq = choice_sets.choice_set("sciq")
+    raw = choice_sets._arrow_table("sciq/none/validation").column("correct_answer").to_pylist()
+    assert [c[a] for c, a in zip(sciq.choices, sciq.answer)] == raw  # the right answer is kept, only moved
+    with pytest.raises(dkdata.DataError, match="Unknown multiple-choice set"):
+        choice_sets.choice_set("hellaswag")
 
 
 def test_symbols_and_permutation_keep_the_gold_option():
