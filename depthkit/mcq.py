@@ -76,21 +76,9 @@ LETTERS = ("A", "B", "C", "D")
 SYMBOLS = ("§", "µ", "π", "±")
 
 _GLUE = {
-    "sst2": {
-        "header": "Classify the sentiment of each movie review.",
-        "cue": "Sentiment",
-        "options": ("negative", "positive"),
-    },
-    "mrpc": {
-        "header": "Decide whether the two sentences mean the same thing.",
-        "cue": "Same meaning",
-        "options": ("no", "yes"),
-    },
-    "rte": {
-        "header": "Decide whether the premise entails the hypothesis.",
-        "cue": "Entailment",
-        "options": ("yes", "no"),
-    },
+    "sst2": {"header": "Classify the sentiment of each movie review.", "cue": "Sentiment", "options": ("negative", "positive")},
+    "mrpc": {"header": "Decide whether the two sentences mean the same thing.", "cue": "Same meaning", "options": ("no", "yes")},
+    "rte": {"header": "Decide whether the premise entails the hypothesis.", "cue": "Entailment", "options": ("yes", "no")},
 }
 
 
