@@ -9,6 +9,7 @@ and prose says "cannot be measured here" (see :mod:`depthkit.narrate`).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -46,9 +47,18 @@ def _check(level: float, n_boot: int) -> None:
         raise ValueError(f"n_boot must be a positive integer, got {n_boot!r}.")
 
 
-def _interval(boots: np.ndarray, level: float) -> tuple[float, float]:
+def _nan_quantiles(boots: np.ndarray, qs: Sequence[float], axis: int = 0) -> np.ndarray:
+    """Quantiles that ignore NaN resamples; an all-NaN slice (e.g. a layer no resample
+    reaches) gives NaN quietly: "no interval", not a warning on the book's page."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "All-NaN slice", RuntimeWarning)
+        return np.nanquantile(boots, qs, axis=axis)
+
+
+def interval(boots: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
+    """The percentile interval of bootstrap statistics ``boots`` (NaN resamples ignored)."""
     alpha = (1 - level) / 2
-    lo, hi = np.nanquantile(boots, [alpha, 1 - alpha], axis=0)
+    lo, hi = _nan_quantiles(np.asarray(boots, dtype=float), [alpha, 1 - alpha])
     return float(lo), float(hi)
 
 
@@ -90,7 +100,7 @@ def bootstrap_ci(
     est = float(stat(v))
     if len(v) < min_n:
         return CI(est, np.nan, np.nan, len(v))
-    lo, hi = _interval(_boot_stats(v, stat, int(n_boot), np.random.default_rng(seed)), level)
+    lo, hi = interval(_boot_stats(v, stat, int(n_boot), np.random.default_rng(seed)), level)
     return CI(est, lo, hi, len(v))
 
 
@@ -146,7 +156,7 @@ def unit_mean(
         lo = hi = np.nan
         if n >= min_n:
             idx = np.random.default_rng(seed).integers(0, n, size=(int(n_boot), n))
-            lo, hi = _interval(sums[idx].sum(1) / counts[idx].sum(1), level)
+            lo, hi = interval(sums[idx].sum(1) / counts[idx].sum(1), level)
         rows.append({**dict(zip(by, key)), "estimate": est, "lo": lo, "hi": hi, "n": n, "n_rows": len(g)})
     return pd.DataFrame(rows, columns=[*by, "estimate", "lo", "hi", "n", "n_rows"])
 
@@ -204,7 +214,7 @@ def stratified_difference(
         if row["used"]:
             boot = _boot_stats(vb, np.mean, n_boot, rng) - _boot_stats(va, np.mean, n_boot, rng)
             row["diff"] = row["mean_b"] - row["mean_a"]
-            row["lo"], row["hi"] = _interval(boot, level)
+            row["lo"], row["hi"] = interval(boot, level)
             boot_rows.append(boot)
             weights.append(len(va) * len(vb) / (len(va) + len(vb)))
         rows.append(row)
@@ -225,7 +235,7 @@ def stratified_difference(
         w = np.asarray(weights, dtype=float) / sum(weights)
         pooled["diff"] = float(np.dot(w, used["diff"].to_numpy(dtype=float)))
         if min(pooled["n_a"], pooled["n_b"]) >= min_n:
-            pooled["lo"], pooled["hi"] = _interval(np.stack(boot_rows).T @ w, level)
+            pooled["lo"], pooled["hi"] = interval(np.stack(boot_rows).T @ w, level)
     return pd.concat([out, pd.DataFrame([pooled])], ignore_index=True)
 
 
@@ -272,7 +282,7 @@ def adjusted_difference(
         boots = np.array(
             [fit(ya[rng.integers(0, len(ya), len(ya))], yb[rng.integers(0, len(yb), len(yb))])[2] for _ in range(int(n_boot))]
         )
-        lo, hi = _interval(boots, level)
+        lo, hi = interval(boots, level)
     return pd.DataFrame([{**empty, "estimate": float(coef[2]), "lo": lo, "hi": hi, "slope": float(coef[1])}])
 
 
@@ -311,7 +321,7 @@ def layer_means(
         rng = np.random.default_rng(seed)
         boots = np.stack([np.nanmean(curves[rng.integers(0, n, n)], axis=0) for _ in range(int(n_boot))])
         alpha = (1 - level) / 2
-        lo, hi = np.nanquantile(boots, alpha, axis=0), np.nanquantile(boots, 1 - alpha, axis=0)
+        lo, hi = _nan_quantiles(boots, [alpha, 1 - alpha], axis=0)
     return pd.DataFrame({by: x, "mean": np.nanmean(curves, axis=0), "lo": lo, "hi": hi, "n": n})
 
 
@@ -353,7 +363,7 @@ def curve_estimate(
     if n >= min_n:
         rng = np.random.default_rng(seed)
         samples = np.array([estimator(x, np.nanmean(curves[rng.integers(0, n, n)], axis=0)) for _ in range(int(n_boot))])
-        lo, hi = _interval(samples, level)
+        lo, hi = interval(samples, level)
     return LayerEstimate(name or value, float(point), lo, hi, n, int(n_boot))
 
 

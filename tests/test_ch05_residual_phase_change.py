@@ -128,6 +128,9 @@ def test_one_line_is_not_a_phase_change():
     assert "No " in ch.phase_sentence(test, N_BLOCKS) and "Two segments fit clearly" not in ch.phase_sentence(test, N_BLOCKS)
     bent = ch.phase_test(_updates(), "block_rel", n_boot=200, seed=0)
     assert bent.two_segments and bent.split.estimate == 5 and bent.slope_change.hi < 0
+    assert "one block from the edge" not in ch.phase_sentence(bent, N_BLOCKS)
+    early = ch.phase_test(_updates(knot=3), "block_rel", n_boot=200, seed=0)
+    assert early.two_segments and "one block from the edge of the range the fit may choose (blocks 2–7)" in ch.phase_sentence(early, N_BLOCKS)
 
 
 def test_a_split_on_the_edge_of_the_fit_range_is_no_phase_change():

@@ -175,6 +175,17 @@ def test_a_normal_build_logs_no_papermill_warning(smoke_book):
     assert log.read_text() == "", log.read_text()[:2000]
 
 
+def test_no_chapter_writes_to_stderr(smoke_book):
+    """A warning printed under a cell lands on the book's page (with this machine's paths)."""
+    import json
+
+    index, _ = smoke_book
+    for nb_path in sorted((index.parent.parent.parent / "book" / "chapters").glob("*.ipynb")):
+        for cell in json.loads(nb_path.read_text())["cells"]:
+            for out in cell.get("outputs", []):
+                assert not (out.get("output_type") == "stream" and out.get("name") == "stderr"), (nb_path.name, "".join(out["text"])[:300])
+
+
 def test_no_page_shows_this_machines_paths(smoke_book):
     index, results = smoke_book
     pages = sorted((index.parent / "book" / "chapters").glob("*.html"))

@@ -340,3 +340,15 @@ def test_stratified_difference_skips_thin_cells_and_weights_by_precision():
 def test_first_layer_reaching():
     assert stats.first_layer_reaching([0, 1, 2, 3], [0.1, 0.5, 0.4, 0.9], 0.5) == 1
     assert np.isnan(stats.first_layer_reaching([0, 1], [0.1, 0.2], 0.5))
+
+
+def test_an_interval_of_resamples_that_are_all_nan_is_nan_without_a_warning():
+    import warnings
+
+    from depthkit import stats
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lo, hi = stats.interval(np.full(50, np.nan))
+        assert np.isnan(lo) and np.isnan(hi)
+        assert stats.interval(np.r_[np.full(10, np.nan), np.arange(100.0)]) == pytest.approx((2.475, 96.525))

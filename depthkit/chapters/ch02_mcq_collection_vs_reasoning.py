@@ -104,9 +104,8 @@ def transition_difference(sweep: pd.DataFrame, ranks: pd.DataFrame, task: str, *
     for _ in range(int(n_boot)):
         i, j = rng.integers(0, len(wide), len(wide)), rng.integers(0, len(cm), len(cm))
         boots.append(patching._transition_from_matrix(to_m[i], ag_m[i], p_layers) - _collection(cm[j], layers))
-    alpha = (1 - stats.LEVEL) / 2
-    lo, hi = np.nanquantile(np.asarray(boots, dtype=float), [alpha, 1 - alpha])
-    return stats.CI(point, float(lo), float(hi), n)
+    lo, hi = stats.interval(np.asarray(boots, dtype=float))
+    return stats.CI(point, lo, hi, n)
 
 
 def _layer(v: float, lo: float, hi: float, n_blocks: int, missing: str = "not reached") -> str:

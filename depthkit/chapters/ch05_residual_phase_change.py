@@ -134,8 +134,14 @@ def phase_sentence(test: residual.PhaseTest, n_blocks: int) -> str:
     """Whether the run shows a phase change at all, and why not when it does not."""
     change = narrate.estimate(test.slope_change.estimate, test.slope_change.lo, test.slope_change.hi, digits=3)
     if test.two_segments:
+        near = min(test.split.estimate - test.first_knot, test.last_knot - test.split.estimate) <= 1
+        edge = (
+            f" It sits one block from the edge of the range the fit may choose (blocks {test.first_knot:.0f}–"
+            f"{test.last_knot:.0f}): the bend separates the first few blocks from the rest, not two halves of the network."
+            if near else ""
+        )
         return (f"Two segments fit clearly better than one line: at ℓ\\* the slope of the log curve changes by {change} "
-                "per block, and the split is interior.")
+                f"per block, and the split is interior.{edge}")
     if test.at_edge:
         where = "first" if test.split.estimate == test.first_knot else "last"
         return (f"**No phase change is found here:** the best split sits on the {where} block the fit may choose "
