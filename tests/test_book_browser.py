@@ -63,6 +63,7 @@ _CHART_CELLS = [
         "line = alt.Chart(df).mark_line(point=True).encode(x='layer:Q', y='share:Q').add_params(brush)\n"
         "line | alt.Chart(df).mark_bar().encode(x='layer:O', y='share:Q').transform_filter(brush)",
     ),
+    ("code", "alt.Chart(df).mark_line().encode(x='layer:Q', y='share:Q').properties(width=1200, height=200)"),
     ("code", "import ipywidgets as w\nw.VBox([w.Text('prompt'), w.IntSlider()])"),
     ("code", "from tqdm.auto import tqdm\nfor _ in tqdm(range(3)):\n    pass"),
 ]
@@ -97,6 +98,7 @@ class _Visit:
     blocked: list[str] = field(default_factory=list)  # requests that were not file://
     problems: list[str] = field(default_factory=list)  # console errors, page errors, failed loads
     charts: dict[str, int] = field(default_factory=dict)  # page -> number of charts drawn
+    too_wide: list[str] = field(default_factory=list)  # charts wider than the column they sit in
     texts: dict[str, str] = field(default_factory=dict)  # page -> text of its main element
 
 
@@ -138,6 +140,11 @@ def _visit_every_page(html: Path, on_page: Any = None) -> _Visit:
                     timeout=30_000,
                 )
             visit.charts[name] = n_charts
+            widths = page.evaluate(
+                "() => [...document.querySelectorAll('.depthkit-chart')].map(el => ["
+                "el.querySelector('svg, canvas').getBoundingClientRect().width, el.parentElement.clientWidth])"
+            )
+            visit.too_wide += [f"{name} chart {i}: {w:.0f} px in {c:.0f} px" for i, (w, c) in enumerate(widths) if w > c + 1]
             if page.locator(".math").count():
                 page.wait_for_function("() => document.querySelectorAll('mjx-container').length > 0", timeout=20_000)
                 assert page.locator("mjx-container").count() >= page.locator(".math").count(), name
@@ -161,7 +168,8 @@ def test_every_page_works_offline(built_book: Path) -> None:
     )
     assert visit.blocked == [], f"pages tried to reach the network: {visit.blocked}"
     assert visit.problems == []
-    assert visit.charts["book/chapters/90_browser_test.html"] == 2
+    assert visit.too_wide == [], visit.too_wide
+    assert visit.charts["book/chapters/90_browser_test.html"] == 3
     assert "share" in tooltips[0]
     text = visit.texts["book/chapters/90_browser_test.html"]
     assert book.WIDGET_NOTE in text
@@ -179,6 +187,7 @@ def test_smoke_book_of_every_chapter_works_offline(smoke_book) -> None:
     assert {f"book/chapters/{c.slug}.html" for c in chapters} <= set(visit.charts)
     assert visit.blocked == [], f"pages tried to reach the network: {visit.blocked}"
     assert visit.problems == []
+    assert visit.too_wide == [], visit.too_wide
 
 
 def _tooltip_text(page: Any) -> str:
@@ -248,7 +257,7 @@ def test_charts_render_in_jupyterlab_offline(tmp_path: Path) -> None:
             page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
             page.wait_for_function(
                 "() => { const c = [...document.querySelectorAll('.depthkit-chart')];"
-                " return c.length === 2 && c.every(el => el.querySelector('svg, canvas')); }",
+                " return c.length === 3 && c.every(el => el.querySelector('svg, canvas')); }",
                 timeout=120_000,
             )
             browser.close()

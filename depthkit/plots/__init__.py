@@ -43,7 +43,13 @@ _BUNDLE_FORMAT = 2  # bump when the wrapping of the cached bundle changes
 _EMBED_OPTIONS: dict[str, Any] = {
     # The editor and source links open vega.github.io: keep the menu to exports.
     "actions": {"export": True, "source": False, "compiled": False, "editor": False},
+    # SVG, so that a chart wider than the page column scales down to fit it (below)
+    # and hovering still finds its marks (SVG events target the mark itself).
+    "renderer": "svg",
 }
+# A chart never overflows the column it is shown in: wide SVGs shrink to fit, keeping
+# their aspect ratio (Vega's SVG carries a viewBox).
+_FIT_CSS = ".depthkit-chart{max-width:100%}.depthkit-chart svg.marks{max-width:100%;height:auto}"
 
 
 def _vega_lite_version() -> str:
@@ -86,6 +92,7 @@ def chart_html(spec: dict[str, Any], embed_options: dict[str, Any] | None = None
     div_id = f"depthkit-chart-{uuid.uuid4().hex}"
     options = {**_EMBED_OPTIONS, **(embed_options or {})}
     return (
+        f"<style>{_FIT_CSS}</style>\n"
         f'<div id="{div_id}" class="depthkit-chart"></div>\n'
         "<script>\n(function () {\n"
         "  function draw() {\n"
