@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from depthkit import plots
+from depthkit import book_pages, plots
 from depthkit.book_site import ROOT, BookError, build_html, prepare_static, write_build_toc
 from depthkit.cache import atomic_write
 
@@ -42,7 +42,7 @@ KERNEL_NAME = "depthkit-python"
 _VERSIONED_PACKAGES = ("torch", "transformer-lens", "transformers", "altair", "papermill", "numpy", "pandas")
 # The runner itself runs outside the chapters' kernels: editing it does not
 # change what a chapter computes.
-_RUNNER_FILES = {"book.py", "book_site.py", "cli.py", "publish.py"}
+_RUNNER_FILES = {"book.py", "book_pages.py", "book_site.py", "cli.py", "kernel_peak.py", "publish.py"}
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # tqdm's notebook bars are widgets whose saved text is the bar as first drawn
 # ("  0%|   | 0/3"): without the widget's live updates it would mislead.
@@ -211,15 +211,20 @@ def is_current(out_dir: Path, slug: str, digest: str) -> bool:
 
 
 @contextlib.contextmanager
-def _kernel_of_this_interpreter(work_dir: Path) -> Iterator[str]:
+def _kernel_of_this_interpreter(work_dir: Path, peak_file: Path | None = None) -> Iterator[str]:
     """Register, for the duration of the block, a kernelspec that starts
     ``sys.executable``: papermill then runs chapters in this very environment
-    whatever kernels the user has installed."""
+    whatever kernels the user has installed. With ``peak_file``, the kernel runs
+    under depthkit/kernel_peak.py, which writes its peak resident memory there
+    when it exits."""
     spec_dir = Path(work_dir) / "jupyter" / "kernels" / KERNEL_NAME
     spec_dir.mkdir(parents=True, exist_ok=True)
     spec = {
         # The kernel's own log (e.g. a notice about TCP transport) is noise in a build.
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", "--IPKernelApp.log_level=ERROR"],
+        "argv": [
+            *([sys.executable, str(PACKAGE_DIR / "kernel_peak.py"), str(peak_file), "--"] if peak_file else []),
+            sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", "--IPKernelApp.log_level=ERROR",
+        ],  # fmt: skip
         "display_name": "Python (depthkit)",
         "language": "python",
         "env": {"PYDEVD_DISABLE_FILE_VALIDATION": "1"},
@@ -298,7 +303,10 @@ def execute_chapter(
 
     kernelspec = nbformat.read(source, as_version=4).metadata.get("kernelspec")
     start = time.perf_counter()
-    with _kernel_of_this_interpreter(Path(work_dir) if work_dir else out_dir / ".work") as kernel:
+    work = Path(work_dir) if work_dir else out_dir / ".work"
+    peak_file = work / f"{chapter.slug}.peak.json"
+    peak_file.unlink(missing_ok=True)
+    with _kernel_of_this_interpreter(work, peak_file) as kernel:
         try:
             papermill.execute_notebook(
                 str(source),
@@ -314,18 +322,34 @@ def execute_chapter(
             raise ChapterFailed(chapter, type(err).__name__, _plain(str(err)), partial) from None
     elapsed = time.perf_counter() - start
 
-    nb = clean_executed(nbformat.read(partial, as_version=4), kernelspec)
-    atomic_write(executed, nbformat.writes(nb))
     stamp = {
         "chapter": chapter.id,
         "hash": digest,
         "params": params,
         "elapsed_s": round(elapsed, 1),
+        "peak_rss_mb": _read_peak(peak_file),
+        **book_pages.machine(),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    nb = clean_executed(nbformat.read(partial, as_version=4), kernelspec)
+    # The box is written into the executed notebook: the page keeps this run's numbers
+    # for as long as it shows this run's outputs.
+    nb = book_pages.insert_run_box(nb, book_pages.run_box(chapter, stamp))
+    atomic_write(executed, nbformat.writes(nb))
     atomic_write(stamp_path, json.dumps(stamp, indent=1, default=str))
     partial.unlink(missing_ok=True)
     return ChapterResult(chapter, "ran", executed, elapsed)
+
+
+def _read_peak(path: Path) -> float | None:
+    """The kernel's peak resident memory in MB, as depthkit/kernel_peak.py wrote it
+    when the kernel exited (None if it could not: a kernel killed at shutdown)."""
+    try:
+        return float(json.loads(Path(path).read_text(encoding="utf-8"))["peak_rss_mb"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    finally:
+        Path(path).unlink(missing_ok=True)
 
 
 def _plain(text: str) -> str:
@@ -395,6 +419,8 @@ def build_book(
     echo("Building the HTML with Jupyter Book ...")
     start = time.perf_counter()
     prepare_static(build_dir / "depthkit_static")
+    # The teaching page includes this table: the runs behind the pages of this build.
+    book_pages.write_run_table(root / "book", [(c, read_stamp(output_paths(out_dir, c.slug)[1])) for c, _ in planned])
     toc = write_build_toc(root, [c.slug for c, _ in planned], build_dir / "_toc.yml")
     index, warnings = build_html(root, toc, build_dir / "book-build.log")
     note = f", {warnings} Sphinx warning(s) in {build_dir / 'book-build.log'}" if warnings else ""

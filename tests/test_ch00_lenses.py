@@ -124,3 +124,32 @@ def test_fidelity_compares_the_trained_lens_with_its_ridge_start():
     text, table = ch.fidelity(pd.DataFrame(rows), L)
     assert "from 1.50 nats (the ridge start) to 1.00" in text and "from 40.0% to 50.0%" in text and "**4 of 4**" in text
     assert ch.RIDGE_START in table["KL (nats)"].columns
+
+
+def test_explorer_grid_on_a_tiny_model(tiny_llama):
+    """The explorer's data: examples first, the last positions of each prompt, every
+    layer, the input token of each column, and a chart whose dropdown lists the prompts."""
+    import depthkit as dk
+    from depthkit import plots
+    from depthkit.models import tokenizer_of
+
+    texts = ch.explorer_texts(["a b c"], ["one two three four five six seven eight nine ten eleven twelve"], 2)
+    assert texts[0] == "a b c" and len(texts) == 2
+    items = ch.explorer_items(tiny_llama, texts, n_positions=4)
+    assert all(len(it.positions) == min(4, len(it.tokens)) and it.positions[-1] == len(it.tokens) - 1 for it in items)
+    traj = dk.trajectories(tiny_llama, items, lens="logit", top_k=3, progress=False)
+    grid = ch.explorer_grid(traj, items, texts, tokenizer_of(tiny_llama))
+    L = dk.model_info(tiny_llama).n_blocks
+    assert len(grid) == sum(len(it.positions) for it in items) * grid["layer"].nunique()
+    assert grid["layer"].max() == L and grid["prob"].between(0, 1).all()
+    row = grid.iloc[0]
+    top = traj.topk.query("item == @row.prompt and position == @row.position and layer == @row.layer").sort_values("k").head(3)
+    assert row["top3"] == "  ".join(f"{t!r} {q:.0%}" for t, q in zip(top["token"], top["prob"]))
+    assert row["top1"] == repr(top["token"].iloc[0])
+    first = grid[(grid["prompt"] == 0)].sort_values("position")
+    tok = tokenizer_of(tiny_llama)
+    assert first["column"].iloc[0] == f"{tok.decode([items[0].tokens[items[0].positions[0]]])!r} ·{items[0].positions[0]}"
+    spec = plots.lens_explorer_chart(grid).to_dict()
+    bind = next(p for p in spec["params"] if p["name"] == "prompt_choice")["bind"]
+    assert bind["input"] == "select" and bind["options"] == [0, 1] and bind["labels"][0] == "a b c"
+    assert "label" not in spec["datasets"][next(iter(spec["datasets"]))][0]  # labels live in the dropdown only

@@ -81,6 +81,10 @@ class Chapter:
     checks: tuple[Check, ...] = ()
     # Reads other chapters' saved results (re-run whenever they change).
     reads_results: bool = False
+    # The question the chapter asks, and the parameters that size its run: both shown
+    # in the box at the top of the chapter's page (depthkit.book_pages).
+    asks: str = ""
+    key_params: tuple[str, ...] = ()
 
     @property
     def notebook(self) -> Path:
@@ -125,6 +129,8 @@ CHAPTERS: dict[str, Chapter] = {
             "00",
             "00_lenses",
             "Logit lens and tuned lens",
+            asks="How faithful are the logit lens and a tuned lens to the model's final prediction, and is the early preference for frequent tokens the model's or the lens's?",
+            key_params=("model", "lens_budget", "bias_budget", "n_eval", "n_explore"),
             params=_model_chapter(
                 lens=False,
                 shared=("seed",),
@@ -134,13 +140,16 @@ CHAPTERS: dict[str, Chapter] = {
                 n_eval=Param(int, min=10, max=5000, help="prompts of the prompt-level comparison"),
                 example_prompts=Param(list, min=1, max=10),
                 top_k=Param(int, min=1, max=20),
+                n_explore=Param(int, min=1, max=12, help="prompts in the page's offline explorer (the page embeds their grids)"),
             ),
-            smoke={"lens_budget": "smoke", "bias_budget": "smoke", "n_eval": 20},
+            smoke={"lens_budget": "smoke", "bias_budget": "smoke", "n_eval": 20, "n_explore": 4},
         ),
         Chapter(
             "01",
             "01_guess_then_refine",
             "Guess, then refine",
+            asks="Do early layers guess a frequent token that later layers overturn?",
+            key_params=("model", "lens", "n_prompts", "dataset"),
             params=_model_chapter(
                 n_prompts=Param(int, min=10, max=50_000, help="number of prompts"),
                 dataset=Param(str, help="'embedded', 'hf:wikipedia' or a file of prompt records"),
@@ -151,6 +160,8 @@ CHAPTERS: dict[str, Chapter] = {
             "02",
             "02_mcq_collection_vs_reasoning",
             "Multiple choice: collecting options, then choosing",
+            asks="When does a model gather the answer options, and when does it choose between them?",
+            key_params=("model", "lens", "tasks", "n_examples", "shots", "n_pairs"),
             params=_model_chapter(
                 shared=("seed", "n_boot"),
                 tasks=Param(list, choices=MCQ_TASKS, min=1),
@@ -176,6 +187,8 @@ CHAPTERS: dict[str, Chapter] = {
             "03",
             "03_fact_recall",
             "Multi-token fact recall",
+            asks="How much depth does each token of a multi-token factual answer need?",
+            key_params=("model", "lens", "dataset", "n_examples", "n_trivia"),
             params=_model_chapter(
                 shared=("seed", "n_boot"),
                 dataset=Param(str, help="'curated', 'trivia_qa' or a file path"),
@@ -191,6 +204,8 @@ CHAPTERS: dict[str, Chapter] = {
             "04",
             "04_pos_onset",
             "Part of speech and depth",
+            asks="Do function words reach rank 1 at fewer layers than content words?",
+            key_params=("model", "lens", "tags", "n_per_tag"),
             params=_model_chapter(
                 tags=Param(list, choices=UPOS_TAGS, min=1, help="universal POS tags"),
                 n_candidates=Param(int, min=1, max=5_000, help="examples per tag before filtering"),
@@ -206,6 +221,8 @@ CHAPTERS: dict[str, Chapter] = {
             "05",
             "05_residual_phase_change",
             "A phase change in the residual stream",
+            asks="Where does the residual stream change regime, and what does removing one block do?",
+            key_params=("model", "lens", "n_texts", "max_tokens", "n_skip_texts"),
             params=_model_chapter(
                 n_texts=replace(N_TEXTS, min=4),
                 max_tokens=MAX_TOKENS,
@@ -219,6 +236,8 @@ CHAPTERS: dict[str, Chapter] = {
             "06",
             "06_depth_score",
             "Depth scores and early exit",
+            asks="How deep does each predicted token need to go, and how many blocks can an early exit save?",
+            key_params=("model", "lens", "n_texts", "max_tokens", "target_agreement"),
             params=_model_chapter(
                 n_texts=N_TEXTS,
                 max_tokens=MAX_TOKENS,
@@ -234,6 +253,8 @@ CHAPTERS: dict[str, Chapter] = {
             "07",
             "07_across_models",
             "Across models",
+            asks="Where do the headline depths of every chapter sit, model by model, on normalised depth ℓ/L?",
+            key_params=("models",),
             params={
                 "models": Param(
                     list, min=0, example=["smollm2-135m", "gemma3-270m"], help="model names to compare; empty for all"

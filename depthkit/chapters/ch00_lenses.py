@@ -258,3 +258,61 @@ def headlines(run: Any) -> pd.DataFrame:
     for c in ("value", "lo", "hi", "n"):
         out[c] = out[c].astype(float)
     return out
+
+
+# --------------------------------------------------------------------------- the offline explorer
+
+# Positions shown per explorer prompt (the last ones): the page embeds every cell of
+# every grid, so prompts x positions x layers must stay a few thousand rows.
+EXPLORE_POSITIONS = 10
+
+
+def explorer_texts(examples: Sequence[str], wikipedia: Sequence[str], n: int) -> list[str]:
+    """``n`` prompts for the explorer: the handwritten examples first, then prefixes
+    of the analysis split (the prompt-level comparison's own prompts)."""
+    return [*examples, *wikipedia][:n]
+
+
+def explorer_items(model: Any, texts: Sequence[str], n_positions: int = EXPLORE_POSITIONS) -> list[Any]:
+    """One item per text, decoded at its last ``n_positions`` positions (the model
+    still reads the whole text: only the shown grid is cut)."""
+    from depthkit.capture import Item
+    from depthkit.trajectories import encode
+
+    items = []
+    for text in texts:
+        ids = encode(model, text, on_overflow="truncate")
+        items.append(Item(ids, list(range(max(0, len(ids) - n_positions), len(ids)))))
+    return items
+
+
+def _label(text: str, width: int = 60) -> str:
+    # The end of a prompt is what the last predictions read: keep it, cut the start.
+    text = " ".join(text.split())
+    return text if len(text) <= width else "…" + text[-(width - 1) :]
+
+
+def explorer_grid(traj: Any, items: Sequence[Any], texts: Sequence[str], tokenizer: Any) -> pd.DataFrame:
+    """One row per (prompt, position, layer) of ``traj`` (decoded at ``items``): the
+    input token at that position, the lens's top-1 token and probability and the
+    top-3 listing, in the short columns :func:`depthkit.plots.lens_explorer_chart`
+    reads (``prompt`` indexes ``texts``; ``label`` names it in the dropdown)."""
+    top = traj.topk[traj.topk["k"] <= 3].sort_values(["item", "position", "layer", "k"])
+    listing = top.assign(cell=[f"{t!r} {p:.0%}" for t, p in zip(top["token"], top["prob"])]).groupby(
+        ["item", "position", "layer"], sort=False
+    )["cell"].agg("  ".join)
+    s = traj.steps.set_index(["item", "position", "layer"])
+    inputs = {(i, pos): tokenizer.decode([it.tokens[pos]]) for i, it in enumerate(items) for pos in it.positions}
+    keys = list(s.index)
+    return pd.DataFrame(
+        {
+            "prompt": [k[0] for k in keys],
+            "label": [_label(texts[k[0]]) for k in keys],
+            "column": [f"{inputs[k[:2]]!r} ·{k[1]}" for k in keys],
+            "position": [k[1] for k in keys],
+            "layer": [k[2] for k in keys],
+            "top1": [repr(t) for t in s["top1_token"]],
+            "prob": s["top1_prob"].astype(float).round(3).to_numpy(),
+            "top3": listing.reindex(s.index).to_numpy(),
+        }
+    )

@@ -73,12 +73,18 @@ def wide_table(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def depth_rows(table: pd.DataFrame) -> pd.DataFrame:
-    """The rows that are layers (ℓ/L), for the chart: ours, and the paper's rows of
-    the same quantities (a per-task or per-direction quantity "X (task)" counts as X)."""
-    ours = table[(table["source"] == OURS) & (table["scale"] == "layer")]
-    base = set(ours["quantity"].str.replace(r" \(.*\)$", "", regex=True))
-    paper = table[(table["source"] == PAPER_SOURCE) & table["quantity"].isin(base)]
-    return pd.concat([ours, paper], ignore_index=True)
+    """The rows that are layers (ℓ/L), for the chart, each with its chart ``row``
+    ("<chapter> · <quantity>", in chapter order): ours, once per model and quantity
+    (chapters 02 and 05 both report the patching transitions), and the paper's value
+    of the same quantity on each of our rows it describes (a per-task or
+    per-direction quantity "X (task)" is described by the paper's X)."""
+    ours = table[(table["source"] == OURS) & (table["scale"] == "layer")].drop_duplicates(["quantity", "model"])
+    ours = ours.sort_values("chapter", kind="stable").assign(row=lambda d: d["chapter"] + " · " + d["quantity"])
+    rows = ours[["quantity", "row"]].drop_duplicates("row")
+    rows = rows.assign(base=rows["quantity"].str.replace(r" \(.*\)$", "", regex=True))
+    paper = table[table["source"] == PAPER_SOURCE].rename(columns={"quantity": "base"})
+    ref = rows.merge(paper, on="base")
+    return pd.concat([ours, ref[ours.columns]], ignore_index=True)
 
 
 def missing_text(missing: list[tuple[str, str]], unreadable: list[tuple[str, str, str]]) -> str:

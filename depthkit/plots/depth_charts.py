@@ -6,7 +6,7 @@ from typing import Any
 
 import altair as alt
 
-from depthkit.plots._common import _order, _panel_scale, _plain
+from depthkit.plots._common import _legend, _order, _panel_scale, _plain
 
 
 def residual_curves_chart(curves: Any, *, marks: Any | None = None, title: str = "The residual stream, block by block") -> alt.VConcatChart:
@@ -21,7 +21,7 @@ def residual_curves_chart(curves: Any, *, marks: Any | None = None, title: str =
         d = data[data["panel"] == panel]
         base = alt.Chart(d).encode(
             x=alt.X("x:Q", title="layer ℓ (block ℓ reads h_ℓ)"),
-            color=alt.Color("stat:N", title="statistic"),
+            color=alt.Color("stat:N", title="statistic", legend=_legend()),
             opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
         )
         tips = ["stat:N", "x:Q", alt.Tooltip("mean:Q", format=".4f"), alt.Tooltip("lo:Q", format=".4f"), alt.Tooltip("hi:Q", format=".4f")]
@@ -35,7 +35,7 @@ def residual_curves_chart(curves: Any, *, marks: Any | None = None, title: str =
                     x="layer:Q", tooltip=["name:N", alt.Tooltip("layer:Q", format=".1f")]
                 )
             )
-        chart = alt.layer(*layers).properties(width=620, height=170)
+        chart = alt.layer(*layers).properties(width=600, height=170)
         panels.append(chart.add_params(pick) if i == 0 else chart)
     return alt.vconcat(*panels).resolve_scale(color="shared").properties(title=title)
 
@@ -49,7 +49,7 @@ def transition_chart(estimates: Any, *, n_blocks: int, title: str = "Transition 
     return alt.layer(
         base.mark_rule(size=3, opacity=0.5).encode(x=alt.X("lo:Q", title="layer", scale=alt.Scale(domain=[0, n_blocks])), x2="hi:Q"),
         base.mark_point(filled=True, size=90).encode(x="estimate:Q", tooltip=tips),
-    ).properties(width=560, height=max(60, 28 * len(data)), title=title)
+    ).properties(width=380, height=max(60, 28 * len(data)), title=title)
 
 
 def skip_effect_chart(later: Any, output: Any, *, title: str = "Removing one block's update") -> alt.HConcatChart:
@@ -62,10 +62,13 @@ def skip_effect_chart(later: Any, output: Any, *, title: str = "Removing one blo
         .encode(
             x=alt.X("layer:O", title="layer ℓ of the residual"),
             y=alt.Y("skipped:O", title="block removed"),
-            color=alt.Color("rel_change:Q", title="‖h'−h‖/‖h‖", scale=alt.Scale(scheme="viridis")),
+            color=alt.Color(
+                "rel_change:Q", title="‖h'−h‖/‖h‖", scale=alt.Scale(scheme="viridis"),
+                legend=alt.Legend(orient="bottom", direction="horizontal", gradientLength=200),
+            ),
             tooltip=["skipped:O", "layer:O", alt.Tooltip("rel_change:Q", format=".3f")],
         )
-        .properties(width=360, height=300, title="Change of later residuals")
+        .properties(width=320, height=300, title="Change of later residuals")
     )
     out = _plain(output)
     hover = alt.selection_point(fields=["skipped"], on="pointerover", empty=False)
@@ -79,7 +82,7 @@ def skip_effect_chart(later: Any, output: Any, *, title: str = "Removing one blo
             tooltip=["skipped:O", alt.Tooltip("kl:Q", format=".3f"), alt.Tooltip("top1_agreement:Q", format=".1%", title="top-1 unchanged")],
         )
         .add_params(hover)
-        .properties(width=220, height=300, title="Change of the output")
+        .properties(width=180, height=300, title="Change of the output")
     )
     return alt.hconcat(heat, kl).properties(title=title)
 
@@ -92,7 +95,7 @@ def depth_by_group_chart(summary: Any, *, group: str, title: str = "Depth needed
     base = alt.Chart(data).encode(
         y=alt.Y(f"{group}:N", title=group.replace("_", " "), sort=None),
         yOffset=alt.YOffset("measure:N"),
-        color=alt.Color("measure:N", title="measure"),
+        color=alt.Color("measure:N", title="measure", legend=_legend()),
         opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
     )
     tips = [f"{group}:N", "measure:N", alt.Tooltip("estimate:Q", format=".3f"), alt.Tooltip("lo:Q", format=".3f"), alt.Tooltip("hi:Q", format=".3f"), "n:Q"]
@@ -116,7 +119,7 @@ def depth_histogram_chart(scores: Any, *, title: str = "Where predictions settle
         .encode(
             x=alt.X("value:Q", bin=alt.Bin(extent=[0, 1], step=0.05), title="depth / L"),
             y=alt.Y("count():Q", stack=None, title="predicted tokens"),
-            color=alt.Color("measure:N"),
+            color=alt.Color("measure:N", legend=_legend()),
             opacity=alt.condition(pick, alt.value(0.7), alt.value(0.1)),
             tooltip=["measure:N", "count():Q"],
         )
@@ -135,7 +138,7 @@ def exit_frontier_chart(sweep: Any, *, target: float = 0.99, title: str = "Early
     base = alt.Chart(data).encode(
         x=alt.X("frac_layers:Q", title="mean fraction of blocks run", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
         y=alt.Y("agreement:Q", title="agreement with the full model", axis=alt.Axis(format="%")),
-        color=alt.Color("policy:N"),
+        color=alt.Color("policy:N", legend=_legend()),
         opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
         tooltip=tips,
     )
@@ -146,32 +149,46 @@ def exit_frontier_chart(sweep: Any, *, target: float = 0.99, title: str = "Early
 
 
 def across_models_chart(table: Any, *, title: str = "Headline quantities on normalised depth ℓ/L") -> alt.LayerChart:
-    """One row per quantity, models as colours side by side within the row, the
-    interval as a bar, and the paper's reference values as hollow grey squares
-    (``table``: DataFrame[quantity, model, value, lo, hi, source]). Click a legend
-    entry to highlight one model."""
+    """One row per quantity (``row``), one line per model inside it in the model's
+    colour (point: the value; bar: its interval), and the paper's reference value of
+    the same quantity on the same row, grey, as a broad band (a range) or a hollow
+    square (a value): one legend names the models and "paper (reference)". Click a
+    legend entry to highlight it. ``table``: ``ch07_across_models.depth_rows``
+    (row, quantity, model, value, lo, hi, source)."""
     data = _plain(table)
-    ours = data[data["source"] != "paper (reference)"]
-    paper = data[data["source"] == "paper (reference)"]
-    order = list(dict.fromkeys([*ours["quantity"], *paper["quantity"]]))
-    y = alt.Y("quantity:N", title=None, sort=order, axis=alt.Axis(labelLimit=240))
-    pick = alt.selection_point(fields=["model"], bind="legend")
-    tips = ["quantity:N", "model:N", "source:N", alt.Tooltip("value:Q", format=".3f"), alt.Tooltip("lo:Q", format=".3f"), alt.Tooltip("hi:Q", format=".3f")]
-    scale = alt.Scale(domain=[0, 1])
-    models = alt.Chart(ours).encode(
-        y=y,
-        yOffset=alt.YOffset("model:N"),
-        color=alt.Color("model:N", legend=alt.Legend(orient="bottom", columns=2, title=None)),
-        opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
-        tooltip=tips,
+    paper_name = "paper (reference)"
+    data["who"] = data["model"].where(data["source"] != paper_name, paper_name)
+    ours = data[data["source"] != paper_name]
+    paper = data[data["source"] == paper_name]
+    models = list(dict.fromkeys(ours["model"]))
+    order = list(dict.fromkeys([*ours["row"], *paper["row"]]))
+    who = [*models, paper_name]
+    palette = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d"]
+    colors = [palette[i % len(palette)] for i in range(len(models))] + ["#8c8c8c"]
+    color = alt.Color("who:N", title=None, scale=alt.Scale(domain=who, range=colors), legend=_legend(columns=3, symbolOpacity=1))
+    shape = alt.Shape("who:N", title=None, scale=alt.Scale(domain=who, range=["circle"] * len(models) + ["square"]), legend=_legend(columns=3))
+    y = alt.Y("row:N", title=None, sort=order, axis=alt.Axis(labelLimit=300, labelFontSize=11), scale=alt.Scale(paddingOuter=0.2))
+    x = alt.X("value:Q", title="ℓ/L (0 = embeddings, 1 = the last block)", scale=alt.Scale(domain=[0, 1]), axis=alt.Axis(orient="top"))
+    pick = alt.selection_point(fields=["who"], bind="legend")
+    opacity = alt.condition(pick, alt.value(1.0), alt.value(0.15))
+    tips = [alt.Tooltip("quantity:N"), alt.Tooltip("who:N", title="source"), alt.Tooltip("model:N"),
+            alt.Tooltip("value:Q", format=".3f"), alt.Tooltip("lo:Q", format=".3f", title="95% CI / range low"),
+            alt.Tooltip("hi:Q", format=".3f", title="95% CI / range high")]
+    # The paper's band sits behind the models' marks of the same row, centred on it;
+    # the models share the row between them (yOffset) only where there are several.
+    band = max(12, 12 * len(models))
+    reference = alt.Chart(paper).encode(y=y, color=color, tooltip=tips)
+    mine = alt.Chart(ours).encode(
+        y=y, color=color, shape=shape, tooltip=tips, opacity=opacity,
+        **({"yOffset": alt.YOffset("who:N", scale=alt.Scale(domain=models))} if len(models) > 1 else {}),
     )
-    reference = alt.Chart(paper).encode(y=y, tooltip=tips)
     return (
         alt.layer(
-            models.mark_rule(size=3).encode(x=alt.X("lo:Q", title="ℓ/L", scale=scale), x2="hi:Q"),
-            models.mark_point(size=60, filled=True).encode(x=alt.X("value:Q", scale=scale)).add_params(pick),
-            reference.mark_rule(size=2, color="#999999", strokeDash=[3, 2]).encode(x=alt.X("lo:Q", scale=scale), x2="hi:Q"),
-            reference.mark_point(shape="square", size=90, color="#666666", filled=False).encode(x=alt.X("value:Q", scale=scale)),
+            reference.mark_bar(height=band, opacity=0.3).encode(x=alt.X("lo:Q", scale=alt.Scale(domain=[0, 1])), x2="hi:Q"),
+            reference.mark_point(shape="square", size=110, filled=False, strokeWidth=2).encode(x=x, shape=shape, opacity=opacity),
+            mine.mark_rule(size=3).encode(x=alt.X("lo:Q", scale=alt.Scale(domain=[0, 1])), x2="hi:Q"),
+            mine.mark_point(size=60, filled=True).encode(x=x).add_params(pick),
         )
-        .properties(width=300, height=alt.Step(**{"step": 9, "for": "offset"}), title=title)
+        # A fixed height per row: the models' offsets share the row's band.
+        .properties(width=330, height=len(order) * (band + 10), title=title)
     )

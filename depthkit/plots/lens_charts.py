@@ -6,7 +6,7 @@ from typing import Any
 
 import altair as alt
 
-from depthkit.plots._common import _lines_with_band, _order, _plain
+from depthkit.plots._common import _legend, _lines_with_band, _order, _plain
 
 
 def lens_fidelity_chart(metrics: Any, title: str = "") -> alt.HConcatChart:
@@ -16,7 +16,7 @@ def lens_fidelity_chart(metrics: Any, title: str = "") -> alt.HConcatChart:
     pick = alt.selection_point(fields=["lens"], bind="legend")
     base = alt.Chart(metrics).encode(
         x=alt.X("layer:Q", title="layer ℓ"),
-        color=alt.Color("lens:N", title="lens"),
+        color=alt.Color("lens:N", title="lens", legend=_legend()),
         opacity=alt.condition(pick, alt.value(1.0), alt.value(0.2)),
         tooltip=[
             alt.Tooltip("lens:N"),
@@ -31,11 +31,11 @@ def lens_fidelity_chart(metrics: Any, title: str = "") -> alt.HConcatChart:
         base.mark_line(point=True)
         .encode(y=alt.Y("kl:Q", title="KL(final ‖ lens), nats"))
         .add_params(pick)
-        .properties(width=320, height=240, title="Distance to the final distribution")
+        .properties(width=250, height=220, title="Distance to the final distribution")
     )
     agree = base.mark_line(point=True).encode(
         y=alt.Y("top1_agreement:Q", title="top-1 = final top-1", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1]))
-    ).properties(width=320, height=240, title="Agreement with the final prediction")
+    ).properties(width=250, height=220, title="Agreement with the final prediction")
     return alt.hconcat(kl, agree).properties(title=title)
 
 
@@ -67,14 +67,85 @@ def lens_topk_chart(topk: Any, title: str = "") -> alt.Chart:
         ],
     )
     cells = base.mark_rect().encode(
-        color=alt.Color("prob:Q", title="p(top-1)", scale=alt.Scale(scheme="blues", domain=[0, 1]))
+        color=alt.Color(
+            "prob:Q", title="p(top-1)", scale=alt.Scale(scheme="blues", domain=[0, 1]),
+            legend=alt.Legend(orient="bottom", direction="horizontal", gradientLength=200, format="%"),
+        )
     )
-    text = base.mark_text(fontSize=10).encode(
+    text = base.mark_text(fontSize=10, limit=76).encode(
         text=alt.Text("shown:N"),
         color=alt.condition(alt.datum.prob > 0.5, alt.value("white"), alt.value("black")),
     )
     n_layers = top1["layer"].nunique()
-    return (cells + text).properties(width=110 * top1["lens"].nunique(), height=14 * n_layers, title=title)
+    return (cells + text).properties(width=80 * top1["lens"].nunique(), height=14 * n_layers, title=title)
+
+
+def lens_examples_chart(topk: Any, prompts: list[str]) -> alt.HConcatChart:
+    """:func:`lens_topk_chart` of each example prompt, side by side (``topk``: the
+    chapter's examples, an ``item`` column indexing ``prompts``)."""
+    return alt.hconcat(*[lens_topk_chart(topk[topk["item"] == i], title=repr(q)) for i, q in enumerate(prompts)])
+
+
+def lens_explorer_chart(grid: Any, *, title: str = "", width: int = 560) -> alt.LayerChart:
+    """Pick a prompt from the dropdown: its layer × position grid of the lens's top-1
+    tokens, coloured by probability (hover for the top-3). Works in the static book:
+    every prompt's grid is in the chart's data and the dropdown only filters it.
+    ``grid``: ``ch00_lenses.explorer_grid`` (prompt, label, column, position, layer,
+    top1, prob, top3)."""
+    labels = grid.drop_duplicates("prompt").sort_values("prompt")
+    choice = alt.param(
+        name="prompt_choice",
+        value=int(labels["prompt"].iloc[0]),
+        bind=alt.binding_select(
+            options=[int(i) for i in labels["prompt"]], labels=list(labels["label"]), name="prompt "
+        ),
+    )
+    # The page embeds every grid: one row per (prompt, position) holding its layers as
+    # lists, flattened in the browser, writes each field name once per column of a
+    # grid instead of once per cell (about half the bytes); the prompt labels travel
+    # in the dropdown only.
+    cells = ["layer", "top1", "prob", "top3"]
+    data = (
+        grid.sort_values(["prompt", "position", "layer"])
+        .groupby(["prompt", "position", "column"], sort=False)[cells]
+        .agg(list)
+        .reset_index()
+    )
+    n_columns = int(grid.groupby("prompt")["position"].nunique().max())
+    base = (
+        alt.Chart(data, title=title)
+        .transform_filter(alt.datum.prompt == choice)
+        .transform_flatten(cells)
+        .encode(
+            x=alt.X(
+                "column:N",
+                title="input token at the position (and its index); each cell predicts the next token",
+                sort=alt.EncodingSortField("position", op="min"),
+                axis=alt.Axis(orient="top", labelAngle=-40, labelLimit=90),
+            ),
+            y=alt.Y("layer:O", title="layer ℓ", sort="descending"),
+            tooltip=[
+                alt.Tooltip("column:N", title="input token"),
+                alt.Tooltip("layer:O"),
+                alt.Tooltip("top1:N", title="top-1"),
+                alt.Tooltip("prob:Q", title="p(top-1)", format=".1%"),
+                alt.Tooltip("top3:N", title="top-3"),
+            ],
+        )
+    )
+    rects = base.mark_rect().encode(
+        color=alt.Color(
+            "prob:Q", title="p(top-1)", scale=alt.Scale(scheme="blues", domain=[0, 1]),
+            legend=alt.Legend(orient="bottom", direction="horizontal", gradientLength=200, format="%"),
+        )
+    )
+    step = max(30, width // max(1, n_columns))
+    text = base.mark_text(fontSize=9, limit=step - 4).encode(
+        text=alt.Text("top1:N"),
+        color=alt.condition(alt.datum.prob > 0.5, alt.value("white"), alt.value("black")),
+    )
+    n_layers = int(grid["layer"].nunique())
+    return (rects + text).add_params(choice).properties(width=step * n_columns, height=14 * n_layers)
 
 
 def top10_share_chart(shares: Any, title: str = "") -> alt.Chart:
@@ -88,7 +159,7 @@ def top10_share_chart(shares: Any, title: str = "") -> alt.Chart:
         .encode(
             x=alt.X("layer:Q", title="layer ℓ"),
             y=alt.Y("share:Q", title="top-1 in Top-10 tokens", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
-            color=alt.Color("lens:N", title="lens"),
+            color=alt.Color("lens:N", title="lens", legend=_legend(columns=2)),
             opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
             tooltip=[alt.Tooltip("lens:N"), alt.Tooltip("layer:Q"), alt.Tooltip("share:Q", format=".1%")],
         )
@@ -123,13 +194,13 @@ def bucket_share_chart(shares: Any, *, title: str = "Top-1 prediction by frequen
         .encode(
             x=alt.X("layer:O", title="layer (0 = embeddings; last = model output)"),
             y=alt.Y("share:Q", title="share of prompts", axis=alt.Axis(format="%"), stack="zero"),
-            color=alt.Color("bucket:N", sort=order, title="frequency bucket", scale=alt.Scale(scheme="viridis")),
+            color=alt.Color("bucket:N", sort=order, title="frequency bucket", scale=alt.Scale(scheme="viridis"), legend=_legend()),
             order=alt.Order("order:Q"),
             opacity=alt.condition(pick, alt.value(1.0), alt.value(0.25)),
             tooltip=tooltip,
         )
         .add_params(pick)
-        .properties(width=620, height=260)
+        .properties(width=600, height=260)
     )
 
 
@@ -164,13 +235,14 @@ def onset_curve_chart(
             "word_class:N",
             title="word class",
             scale=alt.Scale(domain=["function", "content", "other"], range=[[1, 0], [6, 4], [2, 2]]),
+            legend=_legend(),
         )
         if "word_class" in data.columns
         else alt.value([1, 0])
     )
     base = alt.Chart(data, title=title).encode(
         x=alt.X("k:Q", scale=alt.Scale(type="log"), title="k (answer rank ≤ k)"),
-        color=alt.Color(f"{color}:N", sort=order),
+        color=alt.Color(f"{color}:N", sort=order, legend=_legend(columns=6)),
         opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
     )
     tooltip = [f"{color}:N", "k:Q", alt.Tooltip("mean_onset:Q", format=".2f"), "n_reached:Q", "n_items:Q"]
@@ -179,7 +251,7 @@ def onset_curve_chart(
         tooltip += [alt.Tooltip("lo:Q", format=".2f"), alt.Tooltip("hi:Q", format=".2f")]
         layers.append(base.mark_errorbar().encode(y=alt.Y("lo:Q", title="mean earliest layer", scale=y_scale), y2="hi:Q"))
     layers.append(base.mark_point(filled=True).encode(y="mean_onset:Q", tooltip=tooltip))
-    return alt.layer(*layers).add_params(pick).properties(width=620, height=300)
+    return alt.layer(*layers).add_params(pick).properties(width=600, height=300)
 
 
 def onset_distribution_chart(
@@ -242,10 +314,10 @@ def matched_onset_chart(
     base = alt.Chart(data, title=title).encode(
         x=alt.X(f"{bin_col}:N", sort=order, title="frequency rank of the answer's first token"),
         xOffset=alt.XOffset(f"{group}:N", sort=groups),
-        color=alt.Color(f"{group}:N", sort=groups, title=group.replace("_", " ")),
+        color=alt.Color(f"{group}:N", sort=groups, title=group.replace("_", " "), legend=_legend()),
     )
     tip = [f"{bin_col}:N", f"{group}:N", alt.Tooltip("estimate:Q", format=".2f", title="mean"), alt.Tooltip("lo:Q", format=".2f"), alt.Tooltip("hi:Q", format=".2f"), "n:Q"]
     return alt.layer(
         base.mark_errorbar().encode(y=alt.Y("lo:Q", title="mean earliest layer at rank 1", scale=y_scale), y2="hi:Q"),
-        base.mark_point(filled=True).encode(y="estimate:Q", size=alt.Size("n:Q", scale=alt.Scale(range=[20, 200]), title="examples"), tooltip=tip),
+        base.mark_point(filled=True).encode(y="estimate:Q", size=alt.Size("n:Q", scale=alt.Scale(range=[20, 200]), title="examples", legend=_legend()), tooltip=tip),
     ).properties(width=560, height=280)

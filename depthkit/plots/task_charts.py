@@ -6,7 +6,7 @@ from typing import Any
 
 import altair as alt
 
-from depthkit.plots._common import _plain
+from depthkit.plots._common import _legend, _plain
 
 
 def option_layers_chart(shares: Any, estimates: Any | None = None, *, title: str = "Option collection and option reasoning") -> alt.VConcatChart:
@@ -43,13 +43,14 @@ def option_layers_chart(shares: Any, estimates: Any | None = None, *, title: str
             .mark_line(point=True)
             .encode(
                 x=alt.X("layer:Q", title="layer ℓ"),
-                y=alt.Y("value:Q", title=measure, axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
-                color=alt.Color("task:N", title="task"),
-                strokeDash=alt.StrokeDash("variant:N", title="prompts"),
+                # The panel's title names the measure: no y title, wider panels.
+                y=alt.Y("value:Q", title=None, axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
+                color=alt.Color("task:N", title="task", legend=_legend()),
+                strokeDash=alt.StrokeDash("variant:N", title="prompts", legend=_legend() if df["variant"].nunique() > 1 else None),
                 opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
                 tooltip=["task:N", "variant:N", "layer:Q", alt.Tooltip("value:Q", format=".1%")],
             )
-            .properties(width=300, height=200, title=measure)
+            .properties(width=275, height=180, title=measure)
         )
         if not panels:
             # Defined in the first panel only; the others refer to it (one legend filter for all).
@@ -83,18 +84,24 @@ def patching_chart(shares: Any, *, marks: Any | None = None, title: str = "Activ
         .encode(
             x=alt.X("layer:Q", title="layer ℓ patched"),
             y=alt.Y("share:Q", stack="normalize", title="share of runs", axis=alt.Axis(format="%")),
-            color=alt.Color("class:N", sort=order, scale=alt.Scale(domain=order, range=["#4c78a8", "#f58518", "#bab0ac"]), title="output"),
+            color=alt.Color(
+                "class:N", sort=order, scale=alt.Scale(domain=order, range=["#4c78a8", "#f58518", "#bab0ac"]), title="output",
+                legend=_legend(),
+            ),
             order=alt.Order("class_order:Q"),
             tooltip=["direction:N", "layer:Q", "class:N", alt.Tooltip("share:Q", format=".1%"), "n:Q"],
         )
         .transform_calculate(class_order="indexof(['target-option','source-option','other'], datum['class'])")
-        .properties(width=260, height=200)
+        .properties(width=250, height=200)
     )
     if marks is not None:
         rules = (
             alt.Chart(_plain(marks).dropna(subset=["layer"]))
             .mark_rule(strokeWidth=2)
-            .encode(x="layer:Q", strokeDash=alt.StrokeDash("what:N", title="marker"), tooltip=["direction:N", "what:N", "layer:Q"])
+            .encode(
+                x="layer:Q", strokeDash=alt.StrokeDash("what:N", title="marker", legend=_legend()),
+                tooltip=["direction:N", "what:N", "layer:Q"],
+            )
         )
         return alt.layer(area, rules, data=df).facet(column=alt.Column("direction:N", title=None)).properties(title=title)
     return area.facet(column=alt.Column("direction:N", title=None)).properties(title=title)
@@ -114,12 +121,13 @@ def early_exit_chart(table: Any, *, title: str = "Early exit: what a truncated m
         .encode(
             x=alt.X("compute_fraction:Q", title="fraction of blocks run", axis=alt.Axis(format="%")),
             y=alt.Y("value:Q", title=None, axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
-            color=alt.Color("task:N"),
+            color=alt.Color("task:N", legend=_legend()),
             opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
             tooltip=["task:N", "measure:N", "layer:Q", alt.Tooltip("compute_fraction:Q", format=".0%"), alt.Tooltip("value:Q", format=".1%")],
         )
-        .properties(width=200, height=180)
-        .facet(column=alt.Column("measure:N", title=None))
+        .properties(width=250, height=160)
+        # Two panels a row: four in one row would not fit the page column.
+        .facet(facet=alt.Facet("measure:N", title=None), columns=2)
         .add_params(pick)
         .properties(title=title)
     )
@@ -140,12 +148,12 @@ def fact_onset_chart(curves: Any, *, title: str = "Earliest layer at which answe
         .encode(
             x=alt.X("k:Q", scale=alt.Scale(type="log"), title="rank threshold k"),
             y=alt.Y("mean_onset:Q", title="mean onset layer"),
-            color=alt.Color("token:N", title="answer token"),
+            color=alt.Color("token:N", title="answer token", legend=_legend()),
             opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
             tooltip=tips,
         )
-        .properties(width=240, height=200)
-        .facet(column=alt.Column("group:N", title=None))
+        .properties(width=250, height=160)
+        .facet(facet=alt.Facet("group:N", title=None), columns=2)
         .add_params(pick)
         .properties(title=title)
     )
