@@ -161,7 +161,8 @@ def source_fingerprint() -> str:
     every chapter stale."""
     digest = hashlib.sha256()
     for path in sorted(PACKAGE_DIR.rglob("*")):
-        if path.relative_to(PACKAGE_DIR).as_posix() in _RUNNER_FILES:
+        rel = path.relative_to(PACKAGE_DIR).as_posix()
+        if rel in _RUNNER_FILES or rel.startswith("exercises/"):  # no chapter imports the exercises
             continue
         if path.is_file() and path.suffix in {".py", ".json", ".jsonl"} and "__pycache__" not in path.parts:
             digest.update(path.relative_to(PACKAGE_DIR).as_posix().encode())
@@ -327,7 +328,7 @@ def execute_chapter(
         "hash": digest,
         "params": params,
         "elapsed_s": round(elapsed, 1),
-        "peak_rss_mb": _read_peak(peak_file),
+        **_kernel_usage(peak_file),
         **book_pages.machine(),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
@@ -341,15 +342,17 @@ def execute_chapter(
     return ChapterResult(chapter, "ran", executed, elapsed)
 
 
-def _read_peak(path: Path) -> float | None:
-    """The kernel's peak resident memory in MB, as depthkit/kernel_peak.py wrote it
-    when the kernel exited (None if it could not: a kernel killed at shutdown)."""
+def _kernel_usage(path: Path) -> dict[str, float | None]:
+    """The kernel's peak resident memory (MB) and CPU time (s), as
+    depthkit/kernel_peak.py wrote them when the kernel exited (None where it could
+    not: a kernel killed at shutdown)."""
     try:
-        return float(json.loads(Path(path).read_text(encoding="utf-8"))["peak_rss_mb"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+        usage = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        usage = {}
     finally:
         Path(path).unlink(missing_ok=True)
+    return {k: float(usage[k]) if isinstance(usage.get(k), (int, float)) else None for k in ("peak_rss_mb", "cpu_s")}
 
 
 def _plain(text: str) -> str:
@@ -419,6 +422,9 @@ def build_book(
     echo("Building the HTML with Jupyter Book ...")
     start = time.perf_counter()
     prepare_static(build_dir / "depthkit_static")
+    from depthkit.exercises.pages import write_exercise_pages  # the Exercises part of _toc.yml
+
+    write_exercise_pages(root / "book" / "exercises")
     # The teaching page includes this table: the runs behind the pages of this build.
     book_pages.write_run_table(root / "book", [(c, read_stamp(output_paths(out_dir, c.slug)[1])) for c, _ in planned])
     toc = write_build_toc(root, [c.slug for c, _ in planned], build_dir / "_toc.yml")

@@ -37,10 +37,15 @@ def memory(mb: float | None) -> str:
     return f"{mb / 1000:.1f} GB" if mb >= 1000 else f"{mb:.0f} MB"
 
 
-def _duration(seconds: float) -> str:
+def _duration(seconds: float | None) -> str:
     from depthkit.book import _duration as fmt
 
-    return fmt(seconds)
+    return "not recorded" if seconds is None else fmt(float(seconds))
+
+
+def _cpu(stamp: Mapping[str, Any]) -> str:
+    cpu = stamp.get("cpu_s")
+    return "" if cpu is None else f" ({_duration(cpu)} of CPU time)"
 
 
 def _value(v: Any) -> str:
@@ -86,19 +91,24 @@ def run_box(chapter: Any, stamp: Mapping[str, Any]) -> str:
     if asks:
         lines += [f"**It asks:** {asks}", ""]
     lines += [
-        f"**This page** is the output of one run on {where}: {_duration(float(stamp.get('elapsed_s', 0)))} of wall "
-        f"time, peak memory {memory(stamp.get('peak_rss_mb'))} (the resident memory of the kernel that executed "
+        f"**This page** is the output of one run on {where}: {_duration(stamp.get('elapsed_s'))} of wall "
+        f"time{_cpu(stamp)}, peak memory {memory(stamp.get('peak_rss_mb'))} (the resident memory of the kernel that executed "
         f"the notebook){f', on a machine with {cpus} CPU cores' if cpus else ''}; finished "
         f"{str(stamp.get('finished', ''))[:10]}.",
         "",
         f"**Key parameters:** {shown}."
         + (" \\* differs from the notebook's default (for example in a smoke build)." if changed else "")
-        + f" Change them in the notebook's parameters cell, or e.g. `depthkit run {chapter.id} -p {keys[0][0]}=...`."
+        + f" Change them in the notebook's parameters cell, or e.g. `depthkit run {chapter.id} {_hint(keys)}`."
         if keys
         else "",
         ":::",
     ]
     return "\n".join(lines)
+
+
+def _hint(keys: Sequence[tuple[str, Any, bool]]) -> str:
+    name = next((k for k, _, _ in keys if k != "model"), None)
+    return f"-p {name}=..." if name else "--model NAME"
 
 
 def insert_run_box(nb: Any, text: str) -> Any:
@@ -126,20 +136,21 @@ def run_table(rows: Sequence[tuple[Any, Mapping[str, Any] | None]]) -> str:
     """Markdown table of (chapter, stamp or None) pairs: model, wall time, peak
     memory and the key parameters that differ from the notebooks' defaults."""
     out = [
-        "| chapter | model | wall time | peak memory | parameters changed from the notebook |",
-        "|---|---|---|---|---|",
+        "| chapter | model | wall time | CPU time | peak memory | parameters changed from the notebook |",
+        "|---|---|---|---|---|---|",
     ]
     cpus: set[Any] = set()
     for chapter, stamp in rows:
         if not stamp:
-            out.append(f"| {chapter.id} {chapter.title} | — | not executed in this build | — | — |")
+            out.append(f"| {chapter.id} {chapter.title} | — | not executed in this build | — | — | — |")
             continue
         params = stamp.get("params", {})
         cpus.add(stamp.get("cpus"))
         changed = [f"`{k}={_value(v)}`" for k, v, c in key_parameters(chapter, params) if c and k != "model"] or ["none (defaults)"]
         out.append(
             f"| {chapter.id} {chapter.title} | `{params.get('model', '(saved results)')}` | "
-            f"{_duration(float(stamp.get('elapsed_s', 0)))} | {memory(stamp.get('peak_rss_mb'))} | {', '.join(changed)} |"
+            f"{_duration(stamp.get('elapsed_s'))} | {_duration(stamp.get('cpu_s'))} | {memory(stamp.get('peak_rss_mb'))} | "
+            f"{', '.join(changed)} |"
         )
     known = sorted(c for c in cpus if c)
     machine_note = (
@@ -149,8 +160,9 @@ def run_table(rows: Sequence[tuple[Any, Mapping[str, Any] | None]]) -> str:
     )
     return (
         "\n".join(out)
-        + f"\n\n{machine_note}: wall time of executing the notebook (kernel start included), peak resident memory "
-        "of the kernel process. Chapters read lenses and frequency tables from the cache when an earlier run "
+        + f"\n\n{machine_note}: wall time of executing the notebook (kernel start included), CPU time of the "
+        "kernel process (user and system, all threads: on an otherwise idle machine of n cores the wall time is at "
+        "least the CPU time divided by n), its peak resident memory. Chapters read lenses and frequency tables from the cache when an earlier run "
         "made them (chapter 00 trains the tuned lens the others use), so their times depend on the order they ran in.\n"
     )
 

@@ -1,5 +1,5 @@
 """Start a Jupyter kernel as a child process and, when it exits, write its peak
-resident memory to a file: ``python kernel_peak.py OUT.json -- <kernel argv>``.
+resident memory and CPU time to a file: ``python kernel_peak.py OUT.json -- <kernel argv>``.
 
 The book runner (:mod:`depthkit.book`) puts this script in front of the kernel's
 command line, so a chapter's peak memory is measured for exactly the process that
@@ -7,6 +7,8 @@ executed its cells. The number is the kernel's own high-water mark (``ru_maxrss`
 from ``wait4``, the VmHWM the kernel reached before exiting), which a sampling
 monitor could miss and which ``getrusage(RUSAGE_CHILDREN)`` in the runner would mix
 up across chapters (that one is the maximum over every child ever waited for).
+The CPU time (user + system, all threads) is what the run cost whatever else the
+machine was doing, where the wall time also counts the waits for a busy CPU.
 
 Run by file path, not ``-m depthkit...``: importing the package would load torch in
 this small parent process for nothing. Standard library only.
@@ -46,7 +48,8 @@ def main(argv: list[str]) -> int:
             continue
     child.returncode = os.waitstatus_to_exitcode(status)
     tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps({"peak_rss_mb": peak_mb(usage.ru_maxrss)}), encoding="utf-8")
+    cpu_s = round(usage.ru_utime + usage.ru_stime, 1)
+    tmp.write_text(json.dumps({"peak_rss_mb": peak_mb(usage.ru_maxrss), "cpu_s": cpu_s}), encoding="utf-8")
     tmp.replace(out)
     return child.returncode if child.returncode >= 0 else 128 - child.returncode
 

@@ -296,7 +296,8 @@ def test_kernel_peak_measures_the_child_it_ran(tmp_path: Path) -> None:
     grow = "x = bytearray(300_000_000); x[::4096] = b'1' * len(x[::4096])"  # touch every page: resident
     proc = subprocess.run([sys.executable, str(script), str(out), "--", sys.executable, "-c", grow + "; raise SystemExit(3)"])
     assert proc.returncode == 3  # the child's exit status is passed on
-    assert 300 < json.loads(out.read_text())["peak_rss_mb"] < 600
+    usage = json.loads(out.read_text())
+    assert 300 < usage["peak_rss_mb"] < 600 and 0 < usage["cpu_s"] < 30
     assert kernel_peak.peak_mb(1000, "linux") == 1.0 and kernel_peak.peak_mb(2_000_000, "darwin") == 2.0
 
 
@@ -308,7 +309,7 @@ def test_a_run_records_time_and_peak_memory_and_its_page_opens_with_them(chapter
     out, work = tmp_path / "out", tmp_path / "work"
     first = book.execute_chapter(chapter, {"model": "m", "n": 5}, out, work_dir=work)
     stamp = json.loads(book.output_paths(out, chapter.slug)[1].read_text())
-    assert stamp["elapsed_s"] > 0 and stamp["cpus"] == os.cpu_count()
+    assert stamp["elapsed_s"] > 0 and stamp["cpus"] == os.cpu_count() and 0 < stamp["cpu_s"] < 120
     assert 30 < stamp["peak_rss_mb"] < 2000  # an IPython kernel: tens to hundreds of MB
     assert not list(work.glob("*.peak.json"))
     nb = nbformat.read(first.notebook, as_version=4)
@@ -316,6 +317,7 @@ def test_a_run_records_time_and_peak_memory_and_its_page_opens_with_them(chapter
     box = nb.cells[1]
     assert book_pages.BOX_TAG in box.metadata["tags"] and box.source.startswith(":::{admonition}")
     assert book_pages.memory(stamp["peak_rss_mb"]) in box.source and book._duration(stamp["elapsed_s"]) in box.source
+    assert f"({book._duration(stamp['cpu_s'])} of CPU time)" in box.source
     assert "`n = 5`\\*" in box.source and "`model = \"m\"`" in box.source  # n differs from the notebook's 1
     assert str(tmp_path) not in box.source
     # A warm rebuild reuses the notebook, and with it the box of the run that made it.
@@ -339,8 +341,8 @@ def test_run_table_from_stamps(chapter: ToyChapter) -> None:
     from depthkit import book_pages
 
     other = ToyChapter("91", "91_other", "Other", chapter.notebook)
-    stamp = {"params": {"model": "m", "n": 3}, "elapsed_s": 754, "peak_rss_mb": 3210.0, "cpus": 2}
+    stamp = {"params": {"model": "m", "n": 3}, "elapsed_s": 754, "cpu_s": 1200.4, "peak_rss_mb": 3210.0, "cpus": 2}
     text = book_pages.run_table([(chapter, stamp), (other, None)])
-    assert "| 90 Tiny chapter | `m` | 12 min 34 s | 3.2 GB | `n=3` |" in text
+    assert "| 90 Tiny chapter | `m` | 12 min 34 s | 20 min 0 s | 3.2 GB | `n=3` |" in text
     assert "| 91 Other | — | not executed in this build |" in text
     assert "2 CPU cores" in text

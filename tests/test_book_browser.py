@@ -64,6 +64,14 @@ _CHART_CELLS = [
         "line | alt.Chart(df).mark_bar().encode(x='layer:O', y='share:Q').transform_filter(brush)",
     ),
     ("code", "alt.Chart(df).mark_line().encode(x='layer:Q', y='share:Q').properties(width=1200, height=200)"),
+    (
+        "code",
+        # Chapter 00's offline explorer, on a tiny grid: prompt p's cells read ' w<p>...'.
+        "grid = pd.DataFrame([{'prompt': p, 'label': f'prompt {p}', 'column': f\"' t{q}' ·{q}\", 'position': q, 'layer': l,\n"
+        "                      'top1': repr(f' w{p}{q}{l}'), 'prob': 0.2 * l, 'top3': f'w{p} 50%'}\n"
+        "                     for p in range(3) for q in range(4) for l in range(5)])\n"
+        "plots.lens_explorer_chart(grid, title='explorer')",
+    ),
     ("code", "import ipywidgets as w\nw.VBox([w.Text('prompt'), w.IntSlider()])"),
     ("code", "from tqdm.auto import tqdm\nfor _ in tqdm(range(3)):\n    pass"),
 ]
@@ -161,15 +169,17 @@ def test_every_page_works_offline(built_book: Path) -> None:
     def on_page(name: str, page: Any) -> None:
         if name == "book/chapters/90_browser_test.html":
             tooltips.append(_tooltip_text(page))
+            tooltips.append(_explorer_follows_its_dropdown(page.locator(".depthkit-chart").nth(3)))
 
     visit = _visit_every_page(built_book, on_page)
+    assert tooltips and tooltips[1] == "changed", tooltips[1:]
     assert {"index.html", "book/methods.html", "book/chapters/90_browser_test.html", "book/glossary.html"} <= set(
         visit.charts
     )
     assert visit.blocked == [], f"pages tried to reach the network: {visit.blocked}"
     assert visit.problems == []
     assert visit.too_wide == [], visit.too_wide
-    assert visit.charts["book/chapters/90_browser_test.html"] == 3
+    assert visit.charts["book/chapters/90_browser_test.html"] == 4
     assert "share" in tooltips[0]
     text = visit.texts["book/chapters/90_browser_test.html"]
     assert book.WIDGET_NOTE in text
@@ -188,6 +198,20 @@ def test_smoke_book_of_every_chapter_works_offline(smoke_book) -> None:
     assert visit.blocked == [], f"pages tried to reach the network: {visit.blocked}"
     assert visit.problems == []
     assert visit.too_wide == [], visit.too_wide
+
+
+def _explorer_follows_its_dropdown(chart: Any) -> str:
+    """The explorer's dropdown lists its prompts, and picking another redraws the
+    grid with that prompt's tokens."""
+    select = chart.locator("select")
+    assert select.count() == 1 and select.locator("option").count() == 3
+    marks = chart.locator("svg.marks")  # not the export menu's icon
+    before = marks.inner_html()
+    assert "w0" in before and "w2" not in before
+    select.select_option(index=2)
+    chart.page.wait_for_function("(el) => el.innerHTML.includes('w2')", arg=marks.element_handle(), timeout=5000)
+    after = marks.inner_html()
+    return "changed" if after != before and "w0" not in after else "unchanged"
 
 
 def _tooltip_text(page: Any) -> str:
@@ -257,7 +281,7 @@ def test_charts_render_in_jupyterlab_offline(tmp_path: Path) -> None:
             page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
             page.wait_for_function(
                 "() => { const c = [...document.querySelectorAll('.depthkit-chart')];"
-                " return c.length === 3 && c.every(el => el.querySelector('svg, canvas')); }",
+                " return c.length === 4 && c.every(el => el.querySelector('svg, canvas')); }",
                 timeout=120_000,
             )
             browser.close()
