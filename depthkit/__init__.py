@@ -10,6 +10,7 @@
 from depthkit import data, frequency
 from depthkit.capture import Item
 from depthkit.chapters import check_chapter_params, model_options
+from depthkit.explorer import explore
 from depthkit.lens_store import resolve_lens
 from depthkit.lenses import DEFAULT_LENS, Lens, LogitLens, layer_plan
 from depthkit.models import DEFAULT_MODEL, ModelInfo, ModelLoadError, available_models, load_model, model_info
@@ -39,6 +40,7 @@ __all__ = [
     "answer_token_ids",
     "available_models",
     "encode",
+    "explore",
     "layer_plan",
     "lens_for",
     "load_model",
