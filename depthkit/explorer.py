@@ -332,7 +332,7 @@ def grid_html(ex: Explorer) -> str:
     g = ex.grid_table()
     toks = ex.input_tokens()
     d_vocab = int(ex.model.cfg.d_vocab)
-    target = "" if ex.target_id is None else html.escape(ex.token(ex.target_id))
+    target = "" if ex.target_id is None else html.escape(_shown(ex.token(ex.target_id)))
     head = "".join(
         f'<th class="{"dk-pick" if p == ex.position else ""}" title="position {p}: {html.escape(t, quote=True)}">'
         f"{p}<br>{html.escape(_shown(t))}</th>"
@@ -372,7 +372,7 @@ def detail_html(ex: Explorer) -> str:
     tok = ex.input_tokens()[ex.position]
     head = "".join(f"<th>top {k}</th>" for k in range(1, ex.top_k + 1))
     if by_layer:
-        head += f"<th>rank of {html.escape(ex.token(ex.target_id))}</th>"  # type: ignore[arg-type]
+        head += f"<th>rank of {html.escape(_shown(ex.token(ex.target_id)))}</th>"  # type: ignore[arg-type]
     rows = []
     for layer, block in sorted(t.groupby("layer"), key=lambda kv: -kv[0]):
         cells = "".join(
