@@ -32,6 +32,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from depthkit.models import tokenizer_of
+from depthkit.prefix import MIN_SHARED_TOKENS, SharedPrefix, cache_passthrough, common_prefix_length, encode_prefix
 
 if TYPE_CHECKING:
     from depthkit.handles import Model
@@ -115,6 +116,47 @@ def batch_tensors(model: Model, items: Sequence[Item]):
     )
 
 
+@dataclass
+class PrefixGroup:
+    """Items that share ``prefix`` (possibly empty): their indices in the input and
+    the items with the prefix removed (positions shifted to match)."""
+
+    prefix: list[int]
+    indices: list[int]
+    items: list[Item]
+
+
+def shared_prefix_groups(items: Sequence[Item], min_shared: int = MIN_SHARED_TOKENS) -> list[PrefixGroup]:
+    """Group ``items`` by the leading tokens they share (few-shot prompts of one task
+    or subject share their demonstrations). A group's prefix holds no position that
+    an item reads; items that share fewer than ``min_shared`` tokens with any other
+    item form one group with an empty prefix."""
+    order = sorted(range(len(items)), key=lambda i: items[i].tokens)
+    runs: list[tuple[int, list[int]]] = []
+    for i in order:
+        it = items[i]
+        limit = min(it.positions) if it.positions else 0
+        if runs:
+            n, members = runs[-1]
+            first = items[members[0]].tokens
+            k = min(n, limit, common_prefix_length([first, it.tokens]))
+            if k >= max(1, min_shared):
+                runs[-1] = (k, [*members, i])
+                continue
+        runs.append((limit, [i]))
+    groups, alone = [], []
+    for n, members in runs:
+        if len(members) == 1:
+            alone += members
+            continue
+        rest = [Item(items[i].tokens[n:], [p - n for p in items[i].positions], items[i].targets) for i in members]
+        groups.append(PrefixGroup(list(items[members[0]].tokens[:n]), members, rest))
+    if alone:
+        alone.sort()
+        groups.append(PrefixGroup([], alone, [items[i] for i in alone]))
+    return groups
+
+
 def residual_hook_names(n_blocks: int) -> list[str]:
     """Hook names of the residual stream at depths 0..L."""
     return [f"blocks.{i}.hook_resid_pre" for i in range(n_blocks)] + [f"blocks.{n_blocks - 1}.hook_resid_post"]
@@ -128,11 +170,18 @@ def _options(given: dict, allowed: dict) -> dict:
     return {**allowed, **given}
 
 
-def _run(model: Model, tokens: Tensor, mask: Tensor, hooks: list) -> None:
+def _run(model: Model, tokens: Tensor, mask: Tensor, hooks: list, prefix: SharedPrefix | None = None) -> None:
     # logits_to_keep=1: the model's full-sequence logits are never needed (readouts
     # are recomputed at the positions of interest) and would cost
     # batch x seq x vocab floats.
-    model.run_with_hooks(tokens, attention_mask=mask, fwd_hooks=hooks, logits_to_keep=1)
+    if prefix is None:
+        model.run_with_hooks(tokens, attention_mask=mask, fwd_hooks=hooks, logits_to_keep=1)
+        return
+    with cache_passthrough(model):
+        model.run_with_hooks(
+            tokens, attention_mask=prefix.mask_for(mask), cache=prefix.cache_for(len(tokens)), use_cache=True,
+            fwd_hooks=hooks, logits_to_keep=1,
+        )  # fmt: skip
 
 
 def _skip_hooks(block: int) -> list:
@@ -151,14 +200,20 @@ def _skip_hooks(block: int) -> list:
 
 @torch.no_grad()
 def collect_residuals(
-    model: Model, items: Sequence[Item], layers: Sequence[int] | None = None, *, skip_block: int | None = None
+    model: Model,
+    items: Sequence[Item],
+    layers: Sequence[int] | None = None,
+    *,
+    skip_block: int | None = None,
+    prefix: SharedPrefix | None = None,
 ) -> Float[Tensor, "layer position d_model"]:
     """Residual vectors of one batch of items at their positions, for depths
     ``layers`` (default 0..L), as float32. Rows are ordered item by item, position
     by position.
 
     ``skip_block``: remove that block's update (``h_{b+1} := h_b``, the rest of the
-    forward pass unchanged) before reading.
+    forward pass unchanged) before reading. ``prefix``: every item continues this
+    already-run prefix; its tokens and positions count from the end of the prefix.
     """
     n_blocks = int(model.cfg.n_layers)
     layers = list(range(n_blocks + 1)) if layers is None else list(layers)
@@ -178,7 +233,7 @@ def collect_residuals(
     # before the grab on the same hook point reads it.
     hooks = [] if skip_block is None else _skip_hooks(int(skip_block))
     hooks += [(names[d], grab(d)) for d in layers]
-    _run(model, tokens, mask, hooks)
+    _run(model, tokens, mask, hooks, prefix)
     return torch.stack([out[d] for d in layers])
 
 
@@ -264,9 +319,15 @@ def patched_final_residuals(
 ) -> Float[Tensor, "row d_model"]:
     """The final residual at the last position of each sequence after writing
     ``vectors[r]`` into the residual stream of ``sequences[r]`` at depth
-    ``layers[r]`` (last position), as float32. Rows are independent and run in
-    length-sorted padded batches; results keep the input order. A patch at depth L
-    is what comes out. ``run``: ``batch_size`` (16) and ``progress`` (off)."""
+    ``layers[r]`` (last position), as float32. Rows are independent; results keep
+    the input order. A patch at depth L is what comes out. ``run``: ``batch_size``
+    (patched rows per forward pass, 16) and ``progress`` (off).
+
+    A patch at the last position cannot change any earlier position, so each
+    distinct sequence runs its context (all but the last token) once
+    (:func:`depthkit.prefix.encode_prefix`), and every patched row then computes
+    one token against that cache, whatever the layer of its patch.
+    """
     n = len(sequences)
     if not (len(layers) == n == vectors.shape[0]):
         raise ValueError(
@@ -275,34 +336,50 @@ def patched_final_residuals(
     n_blocks = int(model.cfg.n_layers)
     layers = check_layers(layers, n_blocks)
     names = residual_hook_names(n_blocks)
-    device = _device(model)
     out = torch.empty((n, int(model.cfg.d_model)), dtype=torch.float32, device=_out_device(model))
     run = _options(run, {"batch_size": 16, "progress": False})
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for r, seq in enumerate(sequences):
+        if len(seq) == 0:
+            raise ValueError(f"Target {r} has no tokens; remove empty prompts.")
+        groups.setdefault(tuple(int(t) for t in seq), []).append(r)
     bar = tqdm(total=n, desc="patching", unit="run", disable=not run["progress"], leave=False)
-    for rows in length_batches(sequences, int(run["batch_size"])):
-        items = [Item([int(t) for t in sequences[r]], [len(sequences[r]) - 1]) for r in rows]
-        tokens, mask, _, last = batch_tensors(model, items)
-        batch_layers = np.array([layers[r] for r in rows])
-        vec = vectors[rows].to(device=device)
-        final: dict[str, Tensor] = {}
-
-        def hook_for(depth: int):
-            sel = torch.tensor(np.flatnonzero(batch_layers == depth), device=device, dtype=torch.long)
-
-            def hook(x, hook):  # noqa: ARG001 - TransformerLens hook signature
-                if len(sel):
-                    x = x.clone()
-                    x[sel, last[sel]] = vec[sel].to(x.dtype)
-                if depth == n_blocks:
-                    # The patch (if any) comes first, so a layer-L patch is what is read out.
-                    final["h"] = x[torch.arange(len(rows), device=device), last].float()
-                return x
-
-            return hook
-
-        depths = sorted(set(batch_layers.tolist()) | {n_blocks})
-        _run(model, tokens, mask, [(names[d], hook_for(d)) for d in depths])
-        out[rows] = final["h"].to(out.device)
-        bar.update(len(rows))
+    for seq, group in groups.items():
+        prefix = encode_prefix(model, seq[:-1]) if len(seq) > 1 else None
+        for s in range(0, len(group), int(run["batch_size"])):
+            rows = group[s : s + int(run["batch_size"])]
+            out[rows] = _patch_last_token(model, seq[-1], [layers[r] for r in rows], vectors[rows], prefix, names)
+            bar.update(len(rows))
     bar.close()
     return out
+
+
+def _patch_last_token(
+    model: Model, token: int, layers: list[int], vec: Float[Tensor, "row d_model"], prefix: SharedPrefix | None, names: list[str]
+) -> Float[Tensor, "row d_model"]:
+    """Final residuals of one token continuing ``prefix``, row r patched at depth ``layers[r]``."""
+    device = _device(model)
+    n_blocks = len(names) - 1
+    tokens = torch.full((len(layers), 1), int(token), dtype=torch.long, device=device)
+    mask = torch.ones_like(tokens)
+    batch_layers = np.array(layers)
+    vec = vec.to(device=device)
+    final: dict[str, Tensor] = {}
+
+    def hook_for(depth: int):
+        sel = torch.tensor(np.flatnonzero(batch_layers == depth), device=device, dtype=torch.long)
+
+        def hook(x, hook):  # noqa: ARG001 - TransformerLens hook signature
+            if len(sel):
+                x = x.clone()
+                x[sel, -1] = vec[sel].to(x.dtype)
+            if depth == n_blocks:
+                # The patch (if any) comes first, so a layer-L patch is what is read out.
+                final["h"] = x[:, -1].float()
+            return x
+
+        return hook
+
+    depths = sorted(set(layers) | {n_blocks})
+    _run(model, tokens, mask, [(names[d], hook_for(d)) for d in depths], prefix)
+    return final["h"].to(_out_device(model))

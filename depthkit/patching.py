@@ -74,16 +74,15 @@ def patched_logits(
     return out
 
 
-def derangement(n: int, seed: int = 0) -> np.ndarray:
-    """A random permutation of ``range(n)`` with no fixed point: ``perm[i] != i``, so
-    every target gets a *different* prompt of its own task as a random source."""
-    if n < 2:
-        raise ValueError(f"A random-source control needs at least 2 prompts of the task, got {n}.")
+def different_answer_sources(answers: Sequence[int], seed: int = 0) -> np.ndarray:
+    """For every target ``i``, a random other prompt whose answer differs from
+    ``answers[i]`` (sources may repeat). A source with the target's own answer would
+    make "follows the source" indistinguishable from "keeps its answer"."""
+    a = np.asarray(answers)
+    if len(np.unique(a)) < 2:
+        raise ValueError("A random-source control needs prompts with at least two different answers; all have the same.")
     rng = np.random.default_rng(seed)
-    while True:
-        perm = rng.permutation(n)
-        if not (perm == np.arange(n)).any():
-            return perm
+    return np.array([rng.choice(np.flatnonzero(a != a[i])) for i in range(len(a))], dtype=np.int64)
 
 
 def _option_sets(options: Sequence[int] | Sequence[Sequence[int]], n: int, what: str) -> list[list[int]]:

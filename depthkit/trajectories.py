@@ -29,11 +29,20 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from depthkit.capture import Item, batch_tensors, collect_residuals, length_batches, residual_hook_names
+from depthkit.capture import (
+    Item,
+    PrefixGroup,
+    batch_tensors,
+    collect_residuals,
+    length_batches,
+    residual_hook_names,
+    shared_prefix_groups,
+)
 from depthkit.handles import info_of
 from depthkit.lens_store import resolve_lens
 from depthkit.lenses import DEFAULT_LENS, Convention, LayerStep, Lens, layer_plan
 from depthkit.models import ModelInfo, model_info, tokenizer_of
+from depthkit.prefix import encode_prefix
 
 if TYPE_CHECKING:
     from depthkit.handles import Model
@@ -302,6 +311,7 @@ def trajectories(
     batch_size: int = 16,
     budget_mb: float = 512.0,
     on_overflow: Overflow = "error",
+    share_prefix: bool = True,
     progress: bool = True,
 ) -> Trajectories:
     """Decode every layer of ``model`` at the positions of interest of ``prompts``.
@@ -310,6 +320,10 @@ def trajectories(
     :func:`make_items`) or ready-made :class:`Item` objects (teacher forcing, several
     positions with targets each). Items are batched by length; results keep the input
     order in the ``item`` column.
+
+    ``share_prefix``: prompts that start with the same tokens (few-shot
+    demonstrations) before any position of interest run those tokens once and
+    feed only the rest (:func:`depthkit.capture.shared_prefix_groups`).
     """
     if top_k < 1:
         raise ValueError(f"top_k must be at least 1, got {top_k}.")
@@ -334,23 +348,26 @@ def trajectories(
     local_plan = [LayerStep(depth_index[s.layer], s.translator) for s in plan]
     tok_names = TokenNames(tokenizer_of(model))
 
-    batches = length_batches(items, batch_size)
+    groups = shared_prefix_groups(items) if share_prefix else [PrefixGroup([], list(range(len(items))), list(items))]
     step_rows, topk_rows, target_rows = [], [], []
     layer_ids = np.array([s.layer for s in plan])
     bar = tqdm(total=len(items), desc=f"{lens_obj.name} lens", unit="prompt", disable=not progress, leave=False)
-    for batch in batches:
-        chunk_items = [items[i] for i in batch]
-        resid = collect_residuals(model, chunk_items, needed)
-        extra = None
-        if names:
-            extra = torch.tensor([[it.targets[n][k] for n in names] for it in chunk_items for k in range(len(it.positions))])
-        dec = decode_residuals(lens_obj, local_plan, resid, extra, top_k=top_k, budget_mb=budget_mb)
-        item_col = np.concatenate([[i] * len(items[i].positions) for i in batch])
-        pos_col = np.concatenate([items[i].positions for i in batch])
-        step_rows.append(_step_frame(dec, layer_ids, item_col, pos_col, tok_names))
-        topk_rows.append(_topk_frame(dec, layer_ids, item_col, pos_col, tok_names))
-        target_rows.append(_target_frame(dec, layer_ids, item_col, pos_col, ["final", *names], extra))
-        bar.update(len(batch))
+    for group in groups:
+        prefix = encode_prefix(model, group.prefix) if group.prefix else None
+        for local in length_batches(group.items, batch_size):
+            batch = [group.indices[j] for j in local]
+            chunk_items = [items[i] for i in batch]
+            resid = collect_residuals(model, [group.items[j] for j in local], needed, prefix=prefix)
+            extra = None
+            if names:
+                extra = torch.tensor([[it.targets[n][k] for n in names] for it in chunk_items for k in range(len(it.positions))])
+            dec = decode_residuals(lens_obj, local_plan, resid, extra, top_k=top_k, budget_mb=budget_mb)
+            item_col = np.concatenate([[i] * len(items[i].positions) for i in batch])
+            pos_col = np.concatenate([items[i].positions for i in batch])
+            step_rows.append(_step_frame(dec, layer_ids, item_col, pos_col, tok_names))
+            topk_rows.append(_topk_frame(dec, layer_ids, item_col, pos_col, tok_names))
+            target_rows.append(_target_frame(dec, layer_ids, item_col, pos_col, ["final", *names], extra))
+            bar.update(len(batch))
     bar.close()
 
     def finish(frames: list[pd.DataFrame], keys: list[str]) -> pd.DataFrame:

@@ -13,7 +13,7 @@ from depthkit.capture import Item, collect_residuals
 from depthkit.early_exit import early_exit_table, exit_logits
 from depthkit.lenses import LogitLens
 from depthkit.models import _build_tiny
-from depthkit.patching import class_shares, derangement, patched_logits, patching_sweep, transition_layer
+from depthkit.patching import class_shares, different_answer_sources, patched_logits, patching_sweep, transition_layer
 
 SOURCES = ["The cat sat on the mat and", "Water boils at one hundred", "A quick brown fox"]
 TARGETS = ["In 1905 Albert Einstein wrote", "The dog lay by the door of the", "Paris is a city"]
@@ -137,12 +137,14 @@ def test_transition_layer_on_a_hand_made_sweep():
     assert np.isnan(transition_layer(never, n_boot=50)["transition_layer"])
 
 
-def test_derangement_has_no_fixed_point():
+def test_random_sources_have_a_different_answer():
+    answers = [0, 1, 1, 0, 1, 1, 1]
     for seed in range(20):
-        p = derangement(5, seed)
-        assert sorted(p.tolist()) == list(range(5)) and not (p == np.arange(5)).any()
-    with pytest.raises(ValueError):
-        derangement(1)
+        src = different_answer_sources(answers, seed)
+        assert len(src) == len(answers)
+        assert all(answers[s] != answers[i] for i, s in enumerate(src))
+    with pytest.raises(ValueError, match="two different answers"):
+        different_answer_sources([1, 1, 1])
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])

@@ -219,7 +219,7 @@ def patching_sweeps(model: Model, prompts: pd.DataFrame, p: Mapping[str, Any], n
                                      source_options=list(fa["option_ids"]), layers=layers)
         sweeps.append(sw.assign(direction=f"{a} → {b}", control=False))
     pc = frame(p["patch_control"])
-    perm = patching.derangement(len(pc), seed=p["seed"])
+    perm = patching.different_answer_sources(pc["gold"].to_numpy(), seed=p["seed"])
     ctrl = patching.patching_sweep(model, list(pc["prompt"].iloc[perm]), list(pc["prompt"]), target_options=list(pc["option_ids"]),
                                    source_options=list(pc["option_ids"].iloc[perm]), layers=layers)
     sweeps.append(ctrl.assign(direction=f"random {p['patch_control']} → {p['patch_control']}", control=True))
