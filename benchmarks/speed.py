@@ -1,0 +1,149 @@
+"""The speed issue's figures, measured in one run on this machine.
+
+    python benchmarks/speed.py            # smollm2-135m; about 3 minutes on 2 cores
+    python benchmarks/speed.py --lens     # also train the default tuned lens (about 3 more minutes)
+
+Prints, with the load average before and after (other work on the machine slows
+every figure; the ratios within one run are what to compare):
+
+1. last-position engine (``dk.trajectories``, logit lens, every layer) against a
+   plain batched transformers loop (16 prompts a batch, ``output_hidden_states``,
+   final norm + unembedding of the last position at every layer) and against a
+   roofline: forward FLOPs plus one unembedding per layer at the measured fp32
+   matmul rate; 128 prompts of 8-24 words from the analysis split;
+2. few-shot MCQ prompts per second with and without the shared-prefix cache;
+3. patching pairs per second (every layer) with the cache against recomputing the
+   whole target for every patched layer;
+4. with ``--lens``: wall time of training the default tuned lens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+if "--lens" in sys.argv:
+    # An empty cache, so that the lens and its training residuals are computed now
+    # rather than loaded; set before depthkit reads it.
+    os.environ["DEPTHKIT_CACHE"] = tempfile.mkdtemp(prefix="depthkit-speed-")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import depthkit as dk  # noqa: E402
+from depthkit import mcq  # noqa: E402
+from depthkit.capture import Item, batch_tensors, length_batches, patched_final_residuals, residual_hook_names  # noqa: E402
+
+
+def matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = min(_timed(lambda: a @ b) for _ in range(repeats))
+    return 2 * n**3 / best / 1e9
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def _best(fn, repeats: int) -> float:
+    fn()  # warm-up: first calls allocate and pick kernels
+    return min(_timed(fn) for _ in range(repeats))
+
+
+def short_prompts(n: int = 128, seed: int = 0) -> list[str]:
+    rng = np.random.default_rng(seed)
+    passages = dk.data.wikipedia_passages("analysis")
+    return [" ".join(p.split()[: int(rng.integers(8, 25))]) for p in passages[:n]]
+
+
+def plain_loop(model, items: list[Item], batch_size: int = 16) -> None:
+    """The reference: transformers alone, every hidden state, norm + unembed at the last position."""
+    hf = model.original_model
+    norm, head = hf.model.norm, hf.lm_head
+    for batch in length_batches(items, batch_size):
+        tokens, mask, bi, pi = batch_tensors(model, [items[i] for i in batch])
+        out = hf(input_ids=tokens, attention_mask=mask, output_hidden_states=True, logits_to_keep=1)
+        h = torch.stack([s[bi, pi] for s in out.hidden_states])
+        z = head(norm(h))
+        z.topk(5, -1)
+
+
+def roofline_seconds(model, items: list[Item], gflops: float) -> float:
+    n_params = sum(p.numel() for n, p in model.original_model.named_parameters() if "embed" not in n)
+    n_tokens = sum(len(it.tokens) for it in items)
+    L = int(model.cfg.n_layers)
+    flops = 2.0 * n_params * n_tokens + 2.0 * model.cfg.d_model * model.cfg.d_vocab * (L + 1) * len(items)
+    return flops / (gflops * 1e9)
+
+
+def uncached_patching(model, sequences, layers, vectors) -> None:
+    """The old way: every patched row runs its whole target sequence."""
+    names = residual_hook_names(int(model.cfg.n_layers))
+    for seq, layer, vec in zip(sequences, layers, vectors):
+        def write(x, hook, vec=vec):  # noqa: ARG001
+            x = x.clone()
+            x[0, -1] = vec
+            return x
+
+        model.run_with_hooks(torch.tensor([seq]), fwd_hooks=[(names[layer], write)], logits_to_keep=1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--lens", action="store_true", help="also time training the default tuned lens")
+    args = ap.parse_args()
+    torch.set_grad_enabled(False)
+    load0 = os.getloadavg()
+    gflops = matmul_gflops()
+    model = dk.load_model(args.model)
+    L = int(model.cfg.n_layers)
+    print(f"machine: {os.cpu_count()} cores, torch threads {torch.get_num_threads()}, load average {load0[0]:.2f}; "
+          f"fp32 matmul {gflops:.0f} GFLOP/s; model {args.model}")
+
+    items = dk.make_items(model, short_prompts())
+    eng = _best(lambda: dk.trajectories(model, items, progress=False), args.repeats)
+    plain = _best(lambda: plain_loop(model, items), args.repeats)
+    roof = roofline_seconds(model, items, gflops)
+    n = len(items)
+    print(f"\n1. last position, {n} prompts of 8-24 words ({sum(len(i.tokens) for i in items)} tokens), logit lens at {L + 1} depths")
+    print(f"   engine {n / eng:.1f} prompts/s | plain transformers loop {n / plain:.1f} | roofline {n / roof:.1f}")
+    print(f"   engine / plain loop = {plain / eng:.2f}x (target >= 1.5x); engine / roofline = {roof / eng:.2f} (target >= 0.7)")
+
+    prompts = list(mcq.build_prompts("sst2", 32, shots=4, seed=0)["prompt"])
+    mcq_items = dk.make_items(model, prompts)
+    off = _best(lambda: dk.trajectories(model, mcq_items, share_prefix=False, progress=False), 1)
+    on = _best(lambda: dk.trajectories(model, mcq_items, share_prefix=True, progress=False), 1)
+    print(f"\n2. few-shot MCQ (sst2, 4 shots, {len(prompts)} prompts, mean {np.mean([len(i.tokens) for i in mcq_items]):.0f} tokens)")
+    print(f"   shared-prefix cache {len(prompts) / on:.2f} prompts/s | without {len(prompts) / off:.2f} | {off / on:.1f}x")
+
+    n_pairs = 4
+    tgt = [it.tokens for it in mcq_items[:n_pairs]]
+    seqs = [t for t in tgt for _ in range(L + 1)]
+    layers = [lay for _ in tgt for lay in range(L + 1)]
+    vecs = torch.randn(len(seqs), int(model.cfg.d_model))
+    cached = _best(lambda: patched_final_residuals(model, seqs, layers, vecs), 1)
+    full = _timed(lambda: uncached_patching(model, seqs, layers, vecs))
+    print(f"\n3. patching, {n_pairs} targets x {L + 1} layers ({np.mean([len(t) for t in tgt]):.0f} tokens each)")
+    print(f"   cached {n_pairs / cached:.2f} pairs/s | whole target per patch {n_pairs / full:.3f} pairs/s | {full / cached:.1f}x")
+
+    if args.lens:
+        torch.set_grad_enabled(True)
+        t = time.perf_counter()
+        dk.lens_for(model, "tuned", budget="default", progress=False)
+        print(f"\n4. default tuned lens trained in {(time.perf_counter() - t) / 60:.1f} min (target <= 5)")
+    else:
+        print("\n4. tuned-lens training: not measured here (pass --lens; benchmarks/tuned_lens.py has the detail)")
+    print(f"\nload average after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
