@@ -417,7 +417,7 @@ def build_book(
         if result.status == "unchanged":
             echo(f"      unchanged since its last run, not executed ({result.notebook.name})")
         else:
-            echo(f"      done in {_duration(result.elapsed_s)}")
+            echo(f"      done in {book_pages.duration(result.elapsed_s)}")
 
     echo("Building the HTML with Jupyter Book ...")
     start = time.perf_counter()
@@ -430,7 +430,7 @@ def build_book(
     toc = write_build_toc(root, [c.slug for c, _ in planned], build_dir / "_toc.yml")
     index, warnings = build_html(root, toc, build_dir / "book-build.log")
     note = f", {warnings} Sphinx warning(s) in {build_dir / 'book-build.log'}" if warnings else ""
-    echo(f"      done in {_duration(time.perf_counter() - start)}{note}")
+    echo(f"      done in {book_pages.duration(time.perf_counter() - start)}{note}")
     echo(f"The book: {index}")
     return index
 
@@ -465,8 +465,3 @@ def run_chapter(
     )
 
 
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    whole = round(seconds)
-    return f"{whole // 60} min {whole % 60} s"

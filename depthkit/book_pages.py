@@ -37,10 +37,16 @@ def memory(mb: float | None) -> str:
     return f"{mb / 1000:.1f} GB" if mb >= 1000 else f"{mb:.0f} MB"
 
 
-def _duration(seconds: float | None) -> str:
-    from depthkit.book import _duration as fmt
+def duration(seconds: float) -> str:
+    """Seconds as the runner prints them: "12.3 s" below two minutes, else "4 min 5 s"."""
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    whole = round(seconds)
+    return f"{whole // 60} min {whole % 60} s"
 
-    return "not recorded" if seconds is None else fmt(float(seconds))
+
+def _duration(seconds: float | None) -> str:
+    return "not recorded" if seconds is None else duration(float(seconds))
 
 
 def _cpu(stamp: Mapping[str, Any]) -> str:

@@ -143,5 +143,6 @@ def test_layers_point_down():
 
 
 def test_capture_is_the_only_module_running_hooks():
+    # The exercises are the exception: writing a hook is what the patching exercise teaches.
     users = sorted(_module_name(p) for p in PKG.rglob("*.py") if "run_with_hooks" in p.read_text())
-    assert users == ["depthkit.capture"], users
+    assert [u for u in users if not u.startswith("depthkit.exercises.")] == ["depthkit.capture"], users
