@@ -13,7 +13,7 @@ import pytest
 import yaml
 from conftest import ToyChapter, toy_notebook
 
-from depthkit import book, book_site, cli, plots
+from depthkit import book, book_pages, book_site, cli, plots
 from depthkit.chapters import CHAPTERS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -94,7 +94,7 @@ def test_source_fingerprint_is_stable() -> None:
 
 @pytest.mark.parametrize(("seconds", "text"), [(3.21, "3.2 s"), (119.94, "119.9 s"), (359.6, "6 min 0 s"), (754, "12 min 34 s")])
 def test_duration_format(seconds: float, text: str) -> None:
-    assert book._duration(seconds) == text
+    assert book_pages.duration(seconds) == text
 
 
 def test_is_current_needs_matching_stamp_and_notebook(tmp_path: Path) -> None:
@@ -316,8 +316,8 @@ def test_a_run_records_time_and_peak_memory_and_its_page_opens_with_them(chapter
     assert nb.cells[0].source == "# Tiny"
     box = nb.cells[1]
     assert book_pages.BOX_TAG in box.metadata["tags"] and box.source.startswith(":::{admonition}")
-    assert book_pages.memory(stamp["peak_rss_mb"]) in box.source and book._duration(stamp["elapsed_s"]) in box.source
-    assert f"({book._duration(stamp['cpu_s'])} of CPU time)" in box.source
+    assert book_pages.memory(stamp["peak_rss_mb"]) in box.source and book_pages.duration(stamp["elapsed_s"]) in box.source
+    assert f"({book_pages.duration(stamp['cpu_s'])} of CPU time)" in box.source
     assert "`n = 5`\\*" in box.source and "`model = \"m\"`" in box.source  # n differs from the notebook's 1
     assert str(tmp_path) not in box.source
     # A warm rebuild reuses the notebook, and with it the box of the run that made it.
