@@ -9,6 +9,14 @@ import altair as alt
 from depthkit.plots._common import _legend, _lines_with_band, _order, _plain
 
 
+def _top1_prob_color() -> alt.Color:
+    """The top-1 probability scale shared by the lens grids (0–100 %, legend below)."""
+    return alt.Color(
+        "prob:Q", title="p(top-1)", scale=alt.Scale(scheme="blues", domain=[0, 1]),
+        legend=alt.Legend(orient="bottom", direction="horizontal", gradientLength=200, format="%"),
+    )
+
+
 def lens_fidelity_chart(metrics: Any, title: str = "") -> alt.HConcatChart:
     """Per-layer KL(final ‖ lens) and top-1 agreement with the final prediction, one
     line per lens. ``metrics``: DataFrame[layer, lens, kl, top1_agreement]. Click a
@@ -67,10 +75,7 @@ def lens_topk_chart(topk: Any, title: str = "") -> alt.Chart:
         ],
     )
     cells = base.mark_rect().encode(
-        color=alt.Color(
-            "prob:Q", title="p(top-1)", scale=alt.Scale(scheme="blues", domain=[0, 1]),
-            legend=alt.Legend(orient="bottom", direction="horizontal", gradientLength=200, format="%"),
-        )
+        color=_top1_prob_color()
     )
     text = base.mark_text(fontSize=10, limit=76).encode(
         text=alt.Text("shown:N"),
@@ -134,10 +139,7 @@ def lens_explorer_chart(grid: Any, *, title: str = "", width: int = 560) -> alt.
         )
     )
     rects = base.mark_rect().encode(
-        color=alt.Color(
-            "prob:Q", title="p(top-1)", scale=alt.Scale(scheme="blues", domain=[0, 1]),
-            legend=alt.Legend(orient="bottom", direction="horizontal", gradientLength=200, format="%"),
-        )
+        color=_top1_prob_color()
     )
     step = max(30, width // max(1, n_columns))
     text = base.mark_text(fontSize=9, limit=step - 4).encode(
