@@ -85,14 +85,35 @@ def _out_device(model: Model) -> torch.device:
     return model.unembed.weight.device if hasattr(model.unembed, "weight") else _device(model)
 
 
+# What one more forward call costs, in padded tokens' worth of compute (a pass over
+# every block and hook regardless of the batch's size).
+BATCH_OVERHEAD_TOKENS = 32
+
+
 def length_batches(items: Sequence[Item] | Sequence[Sequence[int]], batch_size: int) -> list[list[int]]:
-    """Indices of ``items`` (or of token sequences) sorted by length, in batches of
-    ``batch_size``: batches of similar lengths need little padding."""
+    """Indices of ``items`` (or of token sequences) sorted by length, cut into
+    batches of at most ``batch_size``: the cut that computes the fewest padded
+    tokens, counting :data:`BATCH_OVERHEAD_TOKENS` for every batch. A long item then
+    does not pad a whole batch of short ones to its length."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
     size = [len(it.tokens) if isinstance(it, Item) else len(it) for it in items]
     order = sorted(range(len(items)), key=lambda i: size[i])
-    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    lengths = np.array([size[i] for i in order], dtype=np.float64)
+    # cost[j]: fewest padded tokens for the j shortest items; a batch ending at item
+    # j - 1 pads to that item's length.
+    cost = np.zeros(len(order) + 1)
+    start = np.zeros(len(order) + 1, dtype=np.int64)
+    for j in range(1, len(order) + 1):
+        first = np.arange(max(0, j - batch_size), j)
+        total = cost[first] + (j - first) * lengths[j - 1] + BATCH_OVERHEAD_TOKENS
+        k = int(np.argmin(total))
+        cost[j], start[j] = total[k], first[k]
+    cuts, j = [], len(order)
+    while j > 0:
+        cuts.append((int(start[j]), j))
+        j = int(start[j])
+    return [order[a:b] for a, b in reversed(cuts)]
 
 
 def batch_tensors(model: Model, items: Sequence[Item]):
@@ -239,25 +260,38 @@ def collect_residuals(
 
 @torch.no_grad()
 def residual_rows(
-    model: Model, items: Sequence[Item], layers: Sequence[int] | None = None, *, batch_size: int = 8, **bar: str | bool
+    model: Model,
+    items: Sequence[Item],
+    layers: Sequence[int] | None = None,
+    *,
+    batch_size: int = 8,
+    share_prefix: bool = False,
+    **bar: str | bool,
 ) -> Float[Tensor, "layer position d_model"]:
     """:func:`collect_residuals` over any number of items, in batches of
-    ``batch_size`` taken in the given order; rows item by item as there. ``bar``:
-    ``desc`` and ``progress`` of the progress bar (off by default)."""
+    ``batch_size``; rows item by item, in the given order. ``share_prefix``: items
+    that share leading tokens run them once (:func:`shared_prefix_groups`); else
+    batches are taken in the given order. ``bar``: ``desc`` and ``progress`` of the
+    progress bar (off by default)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
     n_blocks, d = int(model.cfg.n_layers), int(model.cfg.d_model)
     depths = list(range(n_blocks + 1)) if layers is None else list(layers)
-    n = sum(len(it.positions) for it in items)
-    out = torch.empty(len(depths), n, d, device=_out_device(model))
-    at = 0
+    starts = np.cumsum([0] + [len(it.positions) for it in items])
+    out = torch.empty(len(depths), int(starts[-1]), d, device=_out_device(model))
     bar = _options(bar, {"desc": "residuals", "progress": False})
-    pbar = tqdm(total=n, desc=str(bar["desc"]), unit="tok", disable=not bar["progress"], leave=False)
-    for s in range(0, len(items), batch_size):
-        r = collect_residuals(model, items[s : s + batch_size], depths)
-        out[:, at : at + r.shape[1]] = r
-        at += r.shape[1]
-        pbar.update(r.shape[1])
+    pbar = tqdm(total=int(starts[-1]), desc=str(bar["desc"]), unit="tok", disable=not bar["progress"], leave=False)
+    groups = shared_prefix_groups(items) if share_prefix else [PrefixGroup([], list(range(len(items))), list(items))]
+    for group in groups:
+        prefix = encode_prefix(model, group.prefix) if group.prefix else None
+        batches = length_batches(group.items, batch_size) if share_prefix else [
+            list(range(s, min(s + batch_size, len(group.items)))) for s in range(0, len(group.items), batch_size)
+        ]
+        for local in batches:
+            r = collect_residuals(model, [group.items[j] for j in local], depths, prefix=prefix)
+            rows = torch.cat([torch.arange(starts[group.indices[j]], starts[group.indices[j] + 1]) for j in local])
+            out[:, rows.to(out.device)] = r
+            pbar.update(r.shape[1])
     pbar.close()
     return out
 
@@ -321,12 +355,15 @@ def patched_final_residuals(
     ``vectors[r]`` into the residual stream of ``sequences[r]`` at depth
     ``layers[r]`` (last position), as float32. Rows are independent; results keep
     the input order. A patch at depth L is what comes out. ``run``: ``batch_size``
-    (patched rows per forward pass, 16) and ``progress`` (off).
+    (patched rows of one target per forward pass, 64) and ``progress`` (off).
 
-    A patch at the last position cannot change any earlier position, so each
-    distinct sequence runs its context (all but the last token) once
-    (:func:`depthkit.prefix.encode_prefix`), and every patched row then computes
-    one token against that cache, whatever the layer of its patch.
+    A patch at the last position cannot change any earlier position (attention is
+    causal). So targets that share leading tokens (few-shot demonstrations) run
+    them once (:func:`shared_prefix_groups`), each target then runs the rest of its
+    context once, and all of its patched rows ride along in that same pass as
+    extra copies of its last token: every copy sits at the last token's position,
+    sees the context and itself but no other copy (:func:`copy_attention_mask`),
+    and is patched at its own depth.
     """
     n = len(sequences)
     if not (len(layers) == n == vectors.shape[0]):
@@ -337,49 +374,96 @@ def patched_final_residuals(
     layers = check_layers(layers, n_blocks)
     names = residual_hook_names(n_blocks)
     out = torch.empty((n, int(model.cfg.d_model)), dtype=torch.float32, device=_out_device(model))
-    run = _options(run, {"batch_size": 16, "progress": False})
-    groups: dict[tuple[int, ...], list[int]] = {}
+    run = _options(run, {"batch_size": 64, "progress": False})
+    rows_of: dict[tuple[int, ...], list[int]] = {}
     for r, seq in enumerate(sequences):
         if len(seq) == 0:
             raise ValueError(f"Target {r} has no tokens; remove empty prompts.")
-        groups.setdefault(tuple(int(t) for t in seq), []).append(r)
+        rows_of.setdefault(tuple(int(t) for t in seq), []).append(r)
+    targets = [Item(list(seq), [len(seq) - 1]) for seq in rows_of]
     bar = tqdm(total=n, desc="patching", unit="run", disable=not run["progress"], leave=False)
-    for seq, group in groups.items():
-        prefix = encode_prefix(model, seq[:-1]) if len(seq) > 1 else None
-        for s in range(0, len(group), int(run["batch_size"])):
-            rows = group[s : s + int(run["batch_size"])]
-            out[rows] = _patch_last_token(model, seq[-1], [layers[r] for r in rows], vectors[rows], prefix, names)
-            bar.update(len(rows))
+    for group in shared_prefix_groups(targets):
+        prefix = encode_prefix(model, group.prefix) if group.prefix else None
+        for i, rest in zip(group.indices, group.items):
+            rows = rows_of[tuple(targets[i].tokens)]
+            for s in range(0, len(rows), int(run["batch_size"])):
+                chunk = rows[s : s + int(run["batch_size"])]
+                out[chunk] = _patch_copies(model, rest.tokens, [layers[r] for r in chunk], vectors[chunk], prefix, names)
+                bar.update(len(chunk))
     bar.close()
     return out
 
 
-def _patch_last_token(
-    model: Model, token: int, layers: list[int], vec: Float[Tensor, "row d_model"], prefix: SharedPrefix | None, names: list[str]
+def copy_attention_mask(n_prefix: int, n_context: int, n_copies: int, window: int | None = None) -> Tensor:
+    """Boolean attention mask [1, 1, query, key] of a run that continues ``n_prefix``
+    cached tokens with ``n_context`` context tokens and ``n_copies`` copies of one
+    more token: context tokens attend causally; every copy attends to the prefix, the
+    context and itself, never to another copy. ``window``: a sliding-window layer's
+    span (a query at position p sees keys at positions > p - window); its cache keeps
+    only the last ``window - 1`` prefix tokens, and the key axis covers only those.
+    """
+    kept = n_prefix if window is None else min(n_prefix, window - 1)
+    q = n_context + n_copies
+    new = torch.zeros((q, q), dtype=torch.bool)
+    new[:n_context, :n_context] = torch.ones((n_context, n_context), dtype=torch.bool).tril()
+    new[n_context:, :n_context] = True
+    new[n_context:, n_context:] = torch.eye(n_copies, dtype=torch.bool)
+    mask = torch.cat([torch.ones((q, kept), dtype=torch.bool), new], 1)
+    if window is not None:
+        q_pos = torch.arange(q).clamp(max=n_context) + n_prefix
+        k_pos = torch.cat([torch.arange(n_prefix - kept, n_prefix), q_pos])
+        mask &= k_pos[None, :] > q_pos[:, None] - window
+    return mask[None, None]
+
+
+def _sliding_window(model: Model) -> int | None:
+    cfg = model.original_model.config
+    types = getattr(cfg, "layer_types", None) or ()
+    window = getattr(cfg, "sliding_window", None)
+    return int(window) if window and "sliding_attention" in types else None
+
+
+def _patch_copies(
+    model: Model, tokens: list[int], layers: list[int], vec: Float[Tensor, "row d_model"], prefix: SharedPrefix | None, names: list[str]
 ) -> Float[Tensor, "row d_model"]:
-    """Final residuals of one token continuing ``prefix``, row r patched at depth ``layers[r]``."""
+    """Final residuals of ``tokens[-1]`` continuing ``prefix`` + ``tokens[:-1]``, once
+    per row, row r patched at depth ``layers[r]`` (see :func:`patched_final_residuals`)."""
     device = _device(model)
-    n_blocks = len(names) - 1
-    tokens = torch.full((len(layers), 1), int(token), dtype=torch.long, device=device)
-    mask = torch.ones_like(tokens)
-    batch_layers = np.array(layers)
+    n_prefix = prefix.length if prefix is not None else 0
+    context, n_copies = tokens[:-1], len(layers)
+    ids = torch.tensor([context + [tokens[-1]] * n_copies], dtype=torch.long, device=device)
+    position = torch.arange(n_prefix, n_prefix + len(context) + 1, device=device)
+    position_ids = torch.cat([position[:-1], position[-1:].expand(n_copies)])[None]
+    mask = copy_attention_mask(n_prefix, len(context), n_copies).to(device)
+    window = _sliding_window(model)
+    if window is not None and n_prefix + len(context) + 1 > window:
+        # Models with sliding-window layers take one mask per layer type.
+        mask = {"full_attention": mask, "sliding_attention": copy_attention_mask(n_prefix, len(context), n_copies, window).to(device)}
+    at = np.array(layers)
     vec = vec.to(device=device)
+    n_blocks = len(names) - 1
     final: dict[str, Tensor] = {}
 
     def hook_for(depth: int):
-        sel = torch.tensor(np.flatnonzero(batch_layers == depth), device=device, dtype=torch.long)
+        rows = np.flatnonzero(at == depth)
+        sel = torch.tensor(rows, device=device, dtype=torch.long)
 
         def hook(x, hook):  # noqa: ARG001 - TransformerLens hook signature
-            if len(sel):
+            if len(rows):
                 x = x.clone()
-                x[sel, -1] = vec[sel].to(x.dtype)
+                x[0, len(context) + sel] = vec[sel].to(x.dtype)
             if depth == n_blocks:
                 # The patch (if any) comes first, so a layer-L patch is what is read out.
-                final["h"] = x[:, -1].float()
+                final["h"] = x[0, len(context) :].float()
             return x
 
         return hook
 
-    depths = sorted(set(layers) | {n_blocks})
-    _run(model, tokens, mask, [(names[d], hook_for(d)) for d in depths], prefix)
+    hooks = [(names[d], hook_for(d)) for d in sorted(set(layers) | {n_blocks})]
+    options = {"attention_mask": mask, "position_ids": position_ids, "fwd_hooks": hooks, "logits_to_keep": 1}
+    if prefix is None:
+        model.run_with_hooks(ids, **options)
+    else:
+        with cache_passthrough(model):
+            model.run_with_hooks(ids, cache=prefix.cache_for(1), use_cache=True, **options)
     return final["h"].to(_out_device(model))

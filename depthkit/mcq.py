@@ -14,6 +14,13 @@ include the evaluated example:
   :mod:`depthkit.choice_sets`: lettered like MMLU under a one-line header; the
   sets ship one split here, so ``shots`` demonstrations are a fixed seeded draw,
   removed from the pool the evaluated questions come from.
+* **ARC-Easy, ARC-Challenge, SciQ, OpenBookQA with written-out options**
+  (``arc_easy_words``, ...): the same questions, the options listed as
+  ``Choices: a; b; c; d`` and answered by the option's own words
+  (``Answer: mitochondria``): no label to map back, which a small model may
+  manage where letters defeat it. Only questions whose options start with
+  different words are drawn; :func:`add_option_ids` can drop the few whose options
+  still share a first token under a model's tokenizer.
 * **SST-2, MRPC, RTE** (2 options): GLUE ships only its validation split here, so
   the demonstrations are a fixed, label-balanced draw from it (seeded) and are
   removed from the pool the evaluated examples are drawn from. By default the
@@ -53,7 +60,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import pandas as pd
@@ -68,7 +75,11 @@ from depthkit.trajectories import Trajectories, answer_token_ids, trajectories
 if TYPE_CHECKING:
     from depthkit.handles import Model
 
-TASKS = ("mmlu", "sst2", "mrpc", "rte", *choice_sets.SETS)
+# Word-option variants of the choice sets; PIQA's options are whole sentences that
+# often start alike, so it has none.
+WORDS = "_words"
+WORD_TASKS = tuple(f"{t}{WORDS}" for t in choice_sets.SETS if t != "piqa")
+TASKS = ("mmlu", "sst2", "mrpc", "rte", *choice_sets.SETS, *WORD_TASKS)
 LETTERS = ("A", "B", "C", "D")
 # Rare in text and, after a space, one token each in both embedded tokenizers
 # (SmolLM2, Gemma 3); distinct first tokens are checked for every prompt anyway
@@ -93,11 +104,15 @@ class Example:
     gold: int
 
 
-def _label_set(labels: str | Sequence[str], task: str, n_options: int) -> tuple[str, ...] | None:
-    """Labels to letter the options with, or None for verbalisers."""
+Labels = tuple[str, ...] | Literal["words"] | None
+
+
+def _label_set(labels: str | Sequence[str], task: str, n_options: int) -> Labels:
+    """Labels to letter the options with, ``"words"`` for written-out options, or
+    None for verbalisers."""
     if isinstance(labels, str):
         if labels == "default":
-            return None if task in _GLUE else LETTERS[:n_options]
+            return None if task in _GLUE else "words" if task in WORD_TASKS else LETTERS[:n_options]
         if labels == "letters":
             return LETTERS[:n_options]
         if labels == "symbols":
@@ -109,17 +124,22 @@ def _label_set(labels: str | Sequence[str], task: str, n_options: int) -> tuple[
     return out[:n_options]
 
 
-def render(ex: Example, labels: tuple[str, ...] | None, order: Sequence[int]) -> tuple[str, list[str], int]:
+def render(ex: Example, labels: Labels, order: Sequence[int]) -> tuple[str, list[str], int]:
     """Format one example: (text ending where the option comes next, the option
     continuations in column order, index of the gold one).
 
     Verbalisers (``labels=None``): the cue lists the options in ``order`` and the
-    columns are the option words in canonical order. Lettered: the options are
-    listed in ``order`` under the labels, and column j is label j.
+    columns are the option words in canonical order. Words (``"words"``): a
+    ``Choices:`` line lists the options in ``order``; the columns are the options
+    in canonical order. Lettered: the options are listed in ``order`` under the
+    labels, and column j is label j.
     """
     order = list(order)
     if sorted(order) != list(range(len(ex.options))):
         raise ValueError(f"order {order} is not a permutation of the {len(ex.options)} options.")
+    if labels == "words":
+        listed = "; ".join(ex.options[o] for o in order)
+        return f"{ex.body}\nChoices: {listed}\nAnswer:", [f" {o}" for o in ex.options], ex.gold
     if labels is None:
         listed = " or ".join(ex.options[o] for o in order)
         text = f"{ex.body}\n{ex.cue} ({listed}):"
@@ -182,8 +202,10 @@ def build_prompts(
         demo_lists = [demos_by_subject[s] for s in rows.subject]
         headers = [f"The following are multiple choice questions (with answers) about {s.replace('_', ' ')}." for s in rows.subject]
         n_options = 4
-    elif task in choice_sets.SETS:
-        pool = choice_sets.choice_set(task)
+    elif task in choice_sets.SETS or task in WORD_TASKS:
+        pool = choice_sets.choice_set(task.removesuffix(WORDS))
+        if task in WORD_TASKS:
+            pool = pool[pool.choices.map(_distinct_first_words)]
         ex = [Example(q, "", tuple(ch), int(a)) for q, ch, a in zip(pool.question, pool.choices, pool.answer)]
         # Fixed demonstrations drawn once, never evaluated (the sets ship one split here).
         demo_idx = rng.choice(len(pool), size=min(int(shots), len(pool)), replace=False).tolist()
@@ -191,7 +213,7 @@ def build_prompts(
         take = np.sort(rng.choice(rest, size=min(int(n), len(rest)), replace=False))
         queries = [ex[i] for i in take]
         demo_lists = [[ex[i] for i in demo_idx]] * len(take)
-        headers = [choice_sets.header(task)] * len(take)
+        headers = [choice_sets.header(task.removesuffix(WORDS))] * len(take)
         n_options = len(ex[0].options)
     else:
         pool = dkdata.glue(task)
@@ -213,7 +235,9 @@ def build_prompts(
 
     demo_orders = [order() for _ in range(shots)]
     records = []
-    for ex_id, q, demos, header in zip(take.tolist(), queries, demo_lists, headers):
+    # ``example`` is the row of the source data set, also where a filter left gaps.
+    source_rows = pool.index.to_numpy()[take]
+    for ex_id, q, demos, header in zip(source_rows.tolist(), queries, demo_lists, headers):
         parts = [header, ""]
         for d, o in zip(demos, demo_orders):
             text, opts, g = render(d, labs, o)
@@ -232,6 +256,11 @@ def build_prompts(
             }
         )
     return pd.DataFrame(records)
+
+
+def _distinct_first_words(options: Sequence[str]) -> bool:
+    first = [str(o).split()[0].lower() if str(o).split() else "" for o in options]
+    return all(first) and len(set(first)) == len(first)
 
 
 def load_mcq_file(path: str | os.PathLike[str], task: str = "file") -> pd.DataFrame:
@@ -263,21 +292,30 @@ def load_mcq_file(path: str | os.PathLike[str], task: str = "file") -> pd.DataFr
     return pd.DataFrame(records)
 
 
-def add_option_ids(model: Model, prompts: pd.DataFrame) -> pd.DataFrame:
+def add_option_ids(model: Model, prompts: pd.DataFrame, *, drop_shared: bool = False) -> pd.DataFrame:
     """Add ``option_ids``: the first token of each option as it follows its prompt.
-    Raises if two options of a prompt share their first token (the analysis could
-    not tell them apart)."""
-    out = prompts.copy()
-    ids = []
-    for prompt, opts in zip(out["prompt"], out["options"]):
+    Two options of a prompt that share their first token cannot be told apart: that
+    raises, or with ``drop_shared`` the prompt is dropped (their number is in
+    ``attrs["dropped_shared_first_token"]``, per task)."""
+    ids, keep, dropped = [], [], {}
+    for prompt, opts, task in zip(prompts["prompt"], prompts["options"], prompts["task"]):
         first = [answer_token_ids(model, prompt, o)[0] for o in opts]
-        if len(set(first)) < len(first):
+        shared = len(set(first)) < len(first)
+        if shared and not drop_shared:
             raise ValueError(
                 f"Options {list(opts)} share a first token ({first}) after this prompt, so their ranks cannot be told "
                 "apart. Choose labels whose first tokens differ (e.g. labels='letters')."
             )
-        ids.append(first)
+        keep.append(not shared)
+        if shared:
+            dropped[task] = dropped.get(task, 0) + 1
+        else:
+            ids.append(first)
+    out = prompts[np.array(keep, dtype=bool)].copy()
     out["option_ids"] = ids
+    if drop_shared:
+        out = out.reset_index(drop=True)
+    out.attrs["dropped_shared_first_token"] = dropped
     return out
 
 

@@ -60,23 +60,34 @@ def patched_logits(
     layers: Sequence[int],
     vectors: Float[Tensor, "row d_model"],
     *,
-    batch_size: int = 16,
+    batch_size: int = 64,
     progress: bool = False,
 ) -> Float[Tensor, "row d_vocab"]:
     """Next-token logits at the last position of each target after writing
     ``vectors[r]`` into the residual stream of ``targets[r]`` at layer ``layers[r]``
-    (last position). Rows are independent; results keep the input order."""
+    (last position). Rows are independent; results keep the input order.
+    ``batch_size``: patched rows of one target per forward pass."""
     h = patched_final_residuals(model, targets, layers, vectors, batch_size=batch_size, progress=progress)
     readout = LogitLens(model).readout
     out = torch.empty((len(targets), int(model.cfg.d_vocab)), dtype=torch.float32)
-    for s in range(0, len(targets), batch_size):  # vocabulary-sized products a batch at a time
+    for s in range(0, len(targets), batch_size):  # vocabulary-sized products a block of rows at a time
         out[s : s + batch_size] = readout(h[s : s + batch_size]).float().cpu()
     return out
 
 
+@torch.no_grad()
+def final_tokens(model: Model, prompts: Sequence[TokensLike], *, batch_size: int = 16) -> np.ndarray:
+    """The model's own next token (its top-1) after each prompt."""
+    ids = [_ids(model, p) for p in prompts]
+    n_blocks = int(model.cfg.n_layers)
+    h = residual_rows(model, [Item(i, [len(i) - 1]) for i in ids], [n_blocks], batch_size=batch_size, share_prefix=True)[0]
+    return LogitLens(model).readout(h).argmax(-1).cpu().numpy()
+
+
 def different_answer_sources(answers: Sequence[int], seed: int = 0) -> np.ndarray:
     """For every target ``i``, a random other prompt whose answer differs from
-    ``answers[i]`` (sources may repeat). A source with the target's own answer would
+    ``answers[i]`` (sources may repeat); ``answers`` are the model's own (e.g.
+    :func:`final_tokens`) or gold labels. A source with the target's own answer would
     make "follows the source" indistinguishable from "keeps its answer"."""
     a = np.asarray(answers)
     if len(np.unique(a)) < 2:
@@ -134,22 +145,27 @@ def patching_sweep(
     readout = LogitLens(model).readout
 
     depths = sorted(set(layers) | {n_blocks})
-    src_resid_t = residual_rows(model, [Item(ids, [len(ids) - 1]) for ids in src_ids], depths, batch_size=batch_size)
-    tgt_final = residual_rows(model, [Item(ids, [len(ids) - 1]) for ids in tgt_ids], [n_blocks], batch_size=batch_size)[0]
-    src_out = readout(src_resid_t[depths.index(n_blocks)]).argmax(-1).cpu().numpy()
-    tgt_out = readout(tgt_final).argmax(-1).cpu().numpy()
+    # One clean run per distinct prompt (the control's sources are its targets too).
+    distinct = {tuple(ids): k for k, ids in enumerate(dict.fromkeys(tuple(i) for i in src_ids + tgt_ids))}
+    clean = residual_rows(model, [Item(list(ids), [len(ids) - 1]) for ids in distinct], depths, batch_size=batch_size, share_prefix=True)
+    src_row = np.array([distinct[tuple(i)] for i in src_ids])
+    tgt_row = np.array([distinct[tuple(i)] for i in tgt_ids])
+    out_ids = readout(clean[depths.index(n_blocks)]).argmax(-1).cpu().numpy()
+    src_out, tgt_out = out_ids[src_row], out_ids[tgt_row]
 
     pair_idx = np.repeat(np.arange(n), len(layers))
     layer_col = np.tile(np.array(layers), n)
-    vectors = src_resid_t[[depths.index(l) for l in layer_col], pair_idx]
-    logits = patched_logits(
-        model, [tgt_ids[p] for p in pair_idx], layer_col.tolist(), vectors, batch_size=batch_size, progress=progress
-    )
-    probs = torch.softmax(logits, -1)
-    out_id = probs.argmax(-1).numpy()
-    out_p = probs.max(-1).values.numpy()
-    p_t = np.array([probs[r, t_opts[p]].sum().item() for r, p in enumerate(pair_idx)])
-    p_s = np.array([probs[r, s_opts[p]].sum().item() for r, p in enumerate(pair_idx)])
+    vectors = clean[[depths.index(l) for l in layer_col], src_row[pair_idx]]
+    h = patched_final_residuals(model, [tgt_ids[p] for p in pair_idx], layer_col.tolist(), vectors, progress=progress)
+    out_id, out_p = np.empty(len(h), dtype=np.int64), np.empty(len(h))
+    p_t, p_s = np.empty(len(h)), np.empty(len(h))
+    for s in range(0, len(h), 64):  # vocabulary-sized rows a block at a time (Gemma: 262k entries each)
+        probs = torch.softmax(readout(h[s : s + 64]), -1).cpu()
+        top = probs.max(-1)
+        out_id[s : s + 64], out_p[s : s + 64] = top.indices.numpy(), top.values.numpy()
+        for r in range(s, s + len(probs)):
+            p_t[r] = probs[r - s, t_opts[pair_idx[r]]].sum().item()
+            p_s[r] = probs[r - s, s_opts[pair_idx[r]]].sum().item()
     cls = np.array(
         [
             "target-option" if o in t_opts[p] else "source-option" if o in s_opts[p] else "other"

@@ -79,6 +79,10 @@ def test_residual_rows_and_map_blocks_agree_with_collect(tiny_models, arch):
     full = collect_residuals(model, items)
     rows = residual_rows(model, items, [0, L], batch_size=3)
     torch.testing.assert_close(rows, full[[0, L]], rtol=1e-4, atol=1e-4)
+    # Items sharing leading tokens run them once; rows still come item by item.
+    shared = [Item(items[0].tokens + it.tokens, [len(items[0].tokens) + p for p in it.positions]) for it in items]
+    alone = residual_rows(model, shared, [1, L], batch_size=2)
+    torch.testing.assert_close(residual_rows(model, shared, [1, L], batch_size=2, share_prefix=True), alone, rtol=1e-4, atol=1e-4)
     if arch == "neox":
         return  # parallel attention and MLP: no residual between them (no hook_resid_mid)
     blocks = map_blocks(model, items, lambda b, pre, mid, post: (pre, mid, post))

@@ -138,3 +138,14 @@ def test_control_summary_words_missing_and_measured_layers():
     assert "collection layer: never reached, original: layer 28 of 30 (interval cannot be measured" in text
     assert "original: layer 30 of 30 (95 % CI 29–30)" in text and "accuracy 50% (original 25%)" in text
     assert ch.control_summary(est.iloc[:1], acc.iloc[:1], "mmlu", 30) == "No controls were requested."
+
+
+def test_patching_summary_without_a_control_says_why():
+    sweep = pd.DataFrame({"pair": [0, 0, 1, 1] * 6, "layer": [0, 5] * 12, "class": ["target-option", "source-option"] * 12,
+                          "direction": ["sst2 → mmlu"] * 24, "control": [False] * 24, "follows": ["target"] * 24})
+    sweep["pair"] = np.repeat(np.arange(12), 2)
+    sweep.attrs["control_answers"] = {"task": "sst2", "n": 50, "distinct": 1}
+    tr = ch.transitions(sweep, pd.DataFrame({"task": ["mmlu"], "collection_layer": [3.0]}), n_boot=50, seed=0)
+    assert ch.FOLLOWS not in set(tr["what"])
+    text = ch.patching_summary(tr, sweep, ranks_frame(n_layers=6), 5, n_boot=50, seed=0)
+    assert "cannot be measured here" in text and "same answer to all 50 sst2 prompts" in text

@@ -12,6 +12,7 @@ from depthkit import choice_sets
 from depthkit import data as dkdata
 from depthkit.mcq import (
     SYMBOLS,
+    WORD_TASKS,
     Example,
     accuracy,
     add_option_ids,
@@ -93,6 +94,38 @@ def test_render_letters_and_verbalisers():
     assert text.endswith("Sentiment (positive or negative):") and opts == [" negative", " positive"] and gold == 1
     text, opts, gold = render(ex, ("A", "B"), [1, 0])
     assert "A. positive\nB. negative\nAnswer:" in text and opts == [" A", " B"] and gold == 0
+
+
+def test_render_written_out_options():
+    ex = Example("Which organelle makes energy?", "", ("nucleus", "mitochondria", "ribosome"), 1)
+    text, opts, gold = render(ex, "words", [2, 0, 1])
+    assert text == "Which organelle makes energy?\nChoices: ribosome; nucleus; mitochondria\nAnswer:"
+    # columns stay in canonical order whatever the listing order
+    assert opts == [" nucleus", " mitochondria", " ribosome"] and gold == 1
+
+
+@pytest.mark.parametrize("task", WORD_TASKS)
+def test_word_tasks_answer_with_the_gold_choice_itself(task):
+    f = build_prompts(task, 6, shots=3, seed=2)
+    pool = choice_sets.choice_set(task.removesuffix("_words"))
+    assert len(f) == 6 and (f["labels"] == "default").all()
+    for ex, prompt, opts, gold in zip(f.example, f.prompt, f.options, f.gold):
+        head, last = prompt.rsplit("\n\n", 1)
+        assert last.endswith("\nAnswer:") and last not in head
+        assert len(head.split("\nAnswer: ")) == 4  # three demonstrations, each answered with words
+        assert opts == [f" {c}" for c in pool.choices.iloc[ex]] and opts[gold] == f" {pool.choices.iloc[ex][pool.answer.iloc[ex]]}"
+        firsts = [o.split()[0].lower() for o in opts]
+        assert len(set(firsts)) == len(firsts)  # only questions whose options start differently
+
+
+def test_dropping_options_that_share_a_first_token(tiny_llama):
+    f = pd.DataFrame({"task": ["x", "x", "y"], "prompt": ["a", "b", "c"], "options": [[" cat", " cat"], [" cat", " dog"], [" the", " the"]],
+                      "gold": [0, 1, 0], "example": [0, 1, 2]})
+    out = add_option_ids(tiny_llama, f, drop_shared=True)
+    assert out["prompt"].tolist() == ["b"] and out.index.tolist() == [0]
+    assert out.attrs["dropped_shared_first_token"] == {"x": 1, "y": 1}
+    with pytest.raises(ValueError, match="share a first token"):
+        add_option_ids(tiny_llama, f)
 
 
 @pytest.mark.parametrize("task", ["mmlu", "sst2", "mrpc", "rte", "arc_easy", "arc_challenge", "sciq", "openbookqa", "piqa"])

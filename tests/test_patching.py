@@ -9,11 +9,18 @@ import pytest
 import torch
 
 import depthkit as dk
-from depthkit.capture import Item, collect_residuals
+from depthkit.capture import Item, collect_residuals, copy_attention_mask
 from depthkit.early_exit import early_exit_table, exit_logits
 from depthkit.lenses import LogitLens
 from depthkit.models import _build_tiny
-from depthkit.patching import class_shares, different_answer_sources, patched_logits, patching_sweep, transition_layer
+from depthkit.patching import (
+    class_shares,
+    different_answer_sources,
+    final_tokens,
+    patched_logits,
+    patching_sweep,
+    transition_layer,
+)
 
 SOURCES = ["The cat sat on the mat and", "Water boils at one hundred", "A quick brown fox"]
 TARGETS = ["In 1905 Albert Einstein wrote", "The dog lay by the door of the", "Paris is a city"]
@@ -189,3 +196,31 @@ def test_early_exit_table(tiny_llama):
         exit_logits(model, TARGETS, L + 1, lens=lens)
     with pytest.raises(ValueError, match="not among the option tokens"):
         early_exit_table(traj, gold="opt1", options=["opt0"])
+
+
+def test_copy_attention_mask_by_hand():
+    # 2 cached prefix tokens, 2 context tokens, 3 copies of the last token.
+    m = copy_attention_mask(2, 2, 3)[0, 0].int().tolist()
+    assert m == [
+        [1, 1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0, 0],
+        [1, 1, 1, 1, 1, 0, 0],  # each copy sees prefix, context and itself only
+        [1, 1, 1, 1, 0, 1, 0],
+        [1, 1, 1, 1, 0, 0, 1],
+    ]
+    # Window 3: the cache kept the last 2 prefix tokens; a query at position p sees
+    # keys at positions > p - 3. Positions: prefix 0-1 (kept 0-1), context 2-3, copies 4.
+    w = copy_attention_mask(2, 2, 2, window=3)[0, 0].int().tolist()
+    assert w == [
+        [1, 1, 1, 0, 0, 0],
+        [0, 1, 1, 1, 0, 0],
+        [0, 0, 1, 1, 1, 0],
+        [0, 0, 1, 1, 0, 1],
+    ]
+    assert copy_attention_mask(5, 1, 1, window=3).shape[-1] == 2 + 2  # only window - 1 prefix keys stay cached
+
+
+def test_final_tokens_are_the_models_own_top1(tiny_llama):
+    got = final_tokens(tiny_llama, TARGETS + [TARGETS[0] + " and"])
+    want = [int(_unpatched(tiny_llama, t).argmax()) for t in TARGETS + [TARGETS[0] + " and"]]
+    assert got.tolist() == want

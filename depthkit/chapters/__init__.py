@@ -40,7 +40,10 @@ NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 
 # Kept here rather than imported from the analysis modules, so that checking a
 # command line does not import torch; tests hold the two lists equal.
-MCQ_TASKS = ("mmlu", "sst2", "mrpc", "rte", "arc_easy", "arc_challenge", "sciq", "openbookqa", "piqa")
+MCQ_TASKS = (
+    "mmlu", "sst2", "mrpc", "rte", "arc_easy", "arc_challenge", "sciq", "openbookqa", "piqa",
+    "arc_easy_words", "arc_challenge_words", "sciq_words", "openbookqa_words",
+)
 UPOS_TAGS = tuple(sorted("ADJ ADP ADV AUX CCONJ DET INTJ NOUN NUM PART PRON PROPN PUNCT SCONJ SYM VERB X".split()))
 UPDATE_STATS = ("norm_h", "attn_rel", "mlp_rel", "block_rel", "cos_attn", "cos_mlp", "cos_update", "block_influence")
 

@@ -38,22 +38,43 @@ def model_note(info: Any, lens_name: str, convention: str) -> str:
     return narrate.model_note(info, lens_name, convention)
 
 
+# Extra questions drawn for written-out options, of which a few may be dropped
+# (options sharing a first token) before ``n_examples`` are kept.
+SPARE = 1.1
+
+
 def task_prompts(model: Model, task: str, p: Mapping[str, Any], *, labels: str | None = None, permute: bool = False) -> pd.DataFrame:
-    frame = mcq.build_prompts(task, p["n_examples"], shots=p["shots"], labels=labels or p["option_labels"], seed=p["seed"], permute=permute)
-    return mcq.add_option_ids(model, frame)
+    """``n_examples`` prompts of one task with their option ids. Questions whose
+    options share a first token (possible with written-out options) are dropped and
+    replaced from spare draws; ``attrs["dropped_shared_first_token"]`` counts them."""
+    n = int(p["n_examples"])
+    frame = mcq.build_prompts(task, math.ceil(n * SPARE), shots=p["shots"], labels=labels or p["option_labels"], seed=p["seed"], permute=permute)
+    frame = mcq.add_option_ids(model, frame, drop_shared=True)
+    dropped = frame.attrs["dropped_shared_first_token"]
+    if len(frame) > n:
+        frame = frame.sample(n, random_state=p["seed"]).sort_index().reset_index(drop=True)
+    frame.attrs["dropped_shared_first_token"] = dropped
+    return frame
 
 
 def all_prompts(model: Model, p: Mapping[str, Any]) -> pd.DataFrame:
-    frames = [mcq.build_prompts(t, p["n_examples"], shots=p["shots"], labels=p["option_labels"], seed=p["seed"]) for t in p["tasks"]]
+    frames = [task_prompts(model, t, p) for t in p["tasks"]]
     if p["dataset"]:
-        frames.append(mcq.load_mcq_file(p["dataset"]))
-    return mcq.add_option_ids(model, pd.concat(frames, ignore_index=True))
+        frames.append(mcq.add_option_ids(model, mcq.load_mcq_file(p["dataset"])))
+    out = pd.concat(frames, ignore_index=True)
+    out.attrs["dropped_shared_first_token"] = {k: v for f in frames for k, v in f.attrs.get("dropped_shared_first_token", {}).items()}
+    return out
 
 
 def prompt_summary(model: Model, prompts: pd.DataFrame) -> pd.DataFrame:
-    """Prompts per task and their mean length in tokens."""
+    """Prompts per task, their mean length in tokens, the majority baseline and the
+    questions dropped (and replaced) because two options shared a first token."""
     n_tokens = prompts["prompt"].map(lambda s: len(encode(model, s)))
-    return prompts.assign(tokens=n_tokens).groupby("task").agg(prompts=("prompt", "size"), mean_tokens=("tokens", "mean")).round(0)
+    out = prompts.assign(tokens=n_tokens).groupby("task", sort=False).agg(prompts=("prompt", "size"), mean_tokens=("tokens", "mean")).round(0)
+    out["majority_baseline"] = mcq.majority_baseline(prompts).round(3)
+    dropped = prompts.attrs.get("dropped_shared_first_token", {})
+    out["dropped_shared_first_token"] = [int(dropped.get(t, 0)) for t in out.index]
+    return out
 
 
 def share_ci(share: float, n: int, *, n_boot: int, seed: int) -> stats.CI:
@@ -219,11 +240,21 @@ def patching_sweeps(model: Model, prompts: pd.DataFrame, p: Mapping[str, Any], n
                                      source_options=list(fa["option_ids"]), layers=layers)
         sweeps.append(sw.assign(direction=f"{a} → {b}", control=False))
     pc = frame(p["patch_control"])
-    perm = patching.different_answer_sources(pc["gold"].to_numpy(), seed=p["seed"])
-    ctrl = patching.patching_sweep(model, list(pc["prompt"].iloc[perm]), list(pc["prompt"]), target_options=list(pc["option_ids"]),
-                                   source_options=list(pc["option_ids"].iloc[perm]), layers=layers)
-    sweeps.append(ctrl.assign(direction=f"random {p['patch_control']} → {p['patch_control']}", control=True))
-    return pd.concat(sweeps, ignore_index=True)
+    # The control pairs prompts whose *model* answers differ: with the same answer,
+    # following the source could not be told from keeping the target's own.
+    answers = patching.final_tokens(model, list(pc["prompt"]))
+    if len(np.unique(answers)) > 1:
+        perm = patching.different_answer_sources(answers, seed=p["seed"])
+        ctrl = patching.patching_sweep(model, list(pc["prompt"].iloc[perm]), list(pc["prompt"]), target_options=list(pc["option_ids"]),
+                                       source_options=list(pc["option_ids"].iloc[perm]), layers=layers)
+        sweeps.append(ctrl.assign(direction=control_direction(p), control=True))
+    out = pd.concat(sweeps, ignore_index=True)
+    out.attrs["control_answers"] = {"task": p["patch_control"], "n": len(answers), "distinct": int(len(np.unique(answers)))}
+    return out
+
+
+def control_direction(p: Mapping[str, Any]) -> str:
+    return f"random {p['patch_control']} → {p['patch_control']}"
 
 
 def transitions(sweep: pd.DataFrame, est: pd.DataFrame, *, n_boot: int, seed: int) -> pd.DataFrame:
@@ -236,8 +267,9 @@ def transitions(sweep: pd.DataFrame, est: pd.DataFrame, *, n_boot: int, seed: in
         e = est.set_index("task")["collection_layer"].get(tgt, np.nan)
         rows.append({"direction": d, "what": f"lens collection layer ({tgt})", "transition_layer": e, "lo": np.nan, "hi": np.nan, "n_pairs": np.nan})
     c = sweep[sweep.control]
-    ctl = patching.transition_layer(c, column="follows", to="source", against="target", n_boot=n_boot, seed=seed)
-    rows.append({"direction": c["direction"].iloc[0], "what": FOLLOWS, **ctl})
+    if len(c):
+        ctl = patching.transition_layer(c, column="follows", to="source", against="target", n_boot=n_boot, seed=seed)
+        rows.append({"direction": c["direction"].iloc[0], "what": FOLLOWS, **ctl})
     return pd.DataFrame(rows).astype({"n_pairs": "float64"})
 
 
@@ -263,14 +295,18 @@ def patching_summary(tr: pd.DataFrame, sweep: pd.DataFrame, ranks: pd.DataFrame,
             gap = "; " + narrate.difference(ci.estimate, ci.lo, ci.hi, more="later", less="earlier", subject="patching transitions",
                                             than=f"the lens's collection layer for {tgt} (layer {col:.0f})", digits=0)
         txt.append(f"* **{d}**: source options take over at {_layer(t.transition_layer, t.lo, t.hi, n_blocks, 'no stable transition')}{gap}.")
-    c = tr[tr["what"] == FOLLOWS].iloc[0]
-    last = sweep[sweep.control & (sweep.layer == n_blocks)]
-    n_same = int((last["follows"] == "both").sum())
-    same = f" ({n_same} of {len(last)} pairs have source and target prompts with the same answer, where following either is the same)" if n_same else ""
-    task = c.direction.split(" → ")[1]
-    follows = ("the output never stably follows the source's answer rather than the target's own" if not np.isfinite(c.transition_layer)
-               else f"the output follows the source's answer rather than the target's own from {_layer(c.transition_layer, c.lo, c.hi, n_blocks)}")
-    txt.append(f"* **control** (a random other {task} prompt as source, {task} target): {follows}{same}.")
+    answers = sweep.attrs.get("control_answers", {})
+    if not (tr["what"] == FOLLOWS).any():
+        task = answers.get("task", "the control task")
+        txt.append(f"* **control** (a random other {task} prompt whose answer differs, {task} target): cannot be measured here: "
+                   f"the model gives the same answer to all {answers.get('n', 'the')} {task} prompts, so no pair has different answers.")
+    else:
+        c = tr[tr["what"] == FOLLOWS].iloc[0]
+        task = c.direction.split(" → ")[1]
+        follows = ("the output never stably follows the source's answer rather than the target's own" if not np.isfinite(c.transition_layer)
+                   else f"the output follows the source's answer rather than the target's own from {_layer(c.transition_layer, c.lo, c.hi, n_blocks)}")
+        txt.append(f"* **control** (a random other {task} prompt whose answer differs as source, {task} target; "
+                   f"{int(c.n_pairs)} pairs): {follows}.")
     return ("\n".join(txt) + "\n\nThe paper found, for Llama-3-8B, that the patching transition and the lens's collection layer do not line up; "
             "the lines above say whether they do here.")
 
