@@ -31,8 +31,9 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from depthkit.attention import run_attention
 from depthkit.models import tokenizer_of
-from depthkit.prefix import MIN_SHARED_TOKENS, SharedPrefix, cache_passthrough, common_prefix_length, encode_prefix
+from depthkit.prefix import MIN_SHARED_TOKENS, SharedPrefix, common_prefix_length, encode_prefix
 
 if TYPE_CHECKING:
     from depthkit.handles import Model
@@ -195,14 +196,14 @@ def _run(model: Model, tokens: Tensor, mask: Tensor, hooks: list, prefix: Shared
     # logits_to_keep=1: the model's full-sequence logits are never needed (readouts
     # are recomputed at the positions of interest) and would cost
     # batch x seq x vocab floats.
-    if prefix is None:
-        model.run_with_hooks(tokens, attention_mask=mask, fwd_hooks=hooks, logits_to_keep=1)
-        return
-    with cache_passthrough(model):
-        model.run_with_hooks(
-            tokens, attention_mask=prefix.mask_for(mask), cache=prefix.cache_for(len(tokens)), use_cache=True,
-            fwd_hooks=hooks, logits_to_keep=1,
-        )  # fmt: skip
+    with run_attention(model):
+        if prefix is None:
+            model.run_with_hooks(tokens, attention_mask=mask, fwd_hooks=hooks, logits_to_keep=1)
+        else:
+            model.run_with_hooks(
+                tokens, attention_mask=prefix.mask_for(mask), cache=prefix.cache_for(len(tokens)), use_cache=True,
+                fwd_hooks=hooks, logits_to_keep=1,
+            )  # fmt: skip
 
 
 def _skip_hooks(block: int) -> list:
@@ -461,9 +462,9 @@ def _patch_copies(
 
     hooks = [(names[d], hook_for(d)) for d in sorted(set(layers) | {n_blocks})]
     options = {"attention_mask": mask, "position_ids": position_ids, "fwd_hooks": hooks, "logits_to_keep": 1}
-    if prefix is None:
-        model.run_with_hooks(ids, **options)
-    else:
-        with cache_passthrough(model):
+    with run_attention(model):
+        if prefix is None:
+            model.run_with_hooks(ids, **options)
+        else:
             model.run_with_hooks(ids, cache=prefix.cache_for(1), use_cache=True, **options)
     return final["h"].to(_out_device(model))

@@ -14,10 +14,11 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+import pandas as pd
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -245,6 +246,9 @@ class LensTrainingData:
     resid: Float[Tensor, "depth n d_model"]
     resid_held: Float[Tensor, "depth m d_model"]
     key: tuple
+    # Held-out metrics of the logit lens by product dtype: they depend on these
+    # residuals alone, so the lenses trained on the same data share them.
+    logit_metrics: dict[str, pd.DataFrame] = field(default_factory=dict)
 
     @staticmethod
     def key_for(model: Model, texts: Sequence[str] | None, cfg: TrainConfig) -> tuple:

@@ -241,7 +241,10 @@ def train_tuned_lens(
     timing["train_s"] = time.perf_counter() - t2
 
     t3 = time.perf_counter()
-    metrics = heldout_metrics(lens, resid_held, dtype=eval_dtype)
+    dkey = str(eval_dtype)
+    if dkey not in data.logit_metrics:
+        data.logit_metrics[dkey] = heldout_metrics(lens, resid_held, dtype=eval_dtype, variants=["logit"])
+    metrics = pd.concat([data.logit_metrics[dkey], heldout_metrics(lens, resid_held, dtype=eval_dtype, variants=["tuned"])], ignore_index=True)
     timing["eval_s"] += time.perf_counter() - t3
     eval_check = None
     if eval_dtype != torch.float32:

@@ -20,12 +20,13 @@ this on a tiny model of every family and on the embedded model.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from depthkit.attention import run_attention
 
 if TYPE_CHECKING:
     from depthkit.handles import Model
@@ -74,33 +75,6 @@ def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
     return n
 
 
-@contextmanager
-def cache_passthrough(model: Model) -> Iterator[None]:
-    """Let the bridge's attention see the cache.
-
-    Transformers 5 hands the cache to attention modules as ``cache=``, while
-    TransformerLens 4.3's attention bridges look for ``past_key_values`` (or
-    ``layer_past``) and otherwise silently attend to the new tokens only. For the
-    duration of a cached run, a pre-hook on every attention bridge copies one name
-    to the other; nothing stays registered afterwards.
-    """
-    handles = []
-
-    def pre(module, args, kwargs):  # noqa: ARG001 - torch pre-hook signature
-        if kwargs.get("cache") is not None and kwargs.get("past_key_values") is None:
-            kwargs["past_key_values"] = kwargs["cache"]
-        return args, kwargs
-
-    try:
-        for module in model.modules():
-            if hasattr(module, "_update_kv_cache"):
-                handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-
-
 @torch.no_grad()
 def encode_prefix(model: Model, tokens: Sequence[int]) -> SharedPrefix:
     """Run ``tokens`` once and keep the cache for later suffix runs."""
@@ -109,7 +83,7 @@ def encode_prefix(model: Model, tokens: Sequence[int]) -> SharedPrefix:
         raise ValueError("A shared prefix needs at least one token.")
     device = next(model.parameters()).device
     x = torch.tensor([ids], device=device)
-    with cache_passthrough(model):
+    with run_attention(model):
         _, cache = model(x, return_type="logits_and_cache", use_cache=True, logits_to_keep=1)
     if cache is None:
         raise RuntimeError(

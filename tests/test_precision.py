@@ -40,10 +40,21 @@ def test_a_good_probe_chooses_bfloat16():
 
 def test_the_real_probe_runs_and_judges_this_cpu():
     v = precision.run_probe(32, 300, (1, 7))
-    # Whatever this CPU says, a finished probe measured both numbers.
+    # Whatever this CPU says, a finished probe measured the speed, and the error too
+    # unless bfloat16 was already slower on the small product.
     if "signal" not in v.reason:
-        assert v.max_rel_error is not None and math.isfinite(v.max_rel_error)
         assert v.speedup is not None and v.speedup > 0
+        if "rows)" in v.reason:
+            assert not v.use_bf16 and v.max_rel_error is None and v.speedup < 1
+        else:
+            assert v.max_rel_error is not None and math.isfinite(v.max_rel_error)
+
+
+def test_emulated_bfloat16_is_refused_without_the_slow_checks():
+    # Where bfloat16 is emulated, the probe stops after timing a small product.
+    early = 'import json; print(json.dumps({"max_rel_error": None, "t_bf16": 250.0, "t_f32": 1.0}))'
+    v = precision.run_probe(8, 16, (4,), script=early)
+    assert not v.use_bf16 and v.max_rel_error is None and "not faster" in v.reason and v.speedup == pytest.approx(1 / 250)
 
 
 def test_verdict_is_cached_per_shape(monkeypatch, tmp_path):

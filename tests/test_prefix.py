@@ -63,15 +63,17 @@ def test_trajectories_with_and_without_shared_prefix(tiny_models, arch):
     assert (a.steps["top1_id"] == b.steps["top1_id"]).all()
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_patched_runs_equal_an_uncached_hooked_run(tiny_models, arch):
-    model = tiny_models[arch]
+def _check_patched_against_uncached(model, seqs: list[list[int]], layer_list: list[int], batch_size: int, scale: float = 1.0,
+                                    relative: bool = False) -> None:
+    """Every (sequence, layer) patched by patched_final_residuals equals a plain
+    hooked run of the whole sequence with the same vector written in: to 1e-4, or
+    with ``relative`` to 1e-4 of the residual's largest entry (a real model's final
+    residual has entries in the hundreds, where float32 keeps about 1e-5)."""
     L, d = int(model.cfg.n_layers), int(model.cfg.d_model)
-    seqs = _prompts(int(model.cfg.d_vocab))[:4]
     g = torch.Generator().manual_seed(1)
-    rows = [(t, layer) for t in range(len(seqs)) for layer in range(L + 1)]
-    vecs = torch.randn(len(rows), d, generator=g)
-    got = patched_final_residuals(model, [seqs[t] for t, _ in rows], [lay for _, lay in rows], vecs, batch_size=3)
+    rows = [(t, layer) for t in range(len(seqs)) for layer in layer_list]
+    vecs = scale * torch.randn(len(rows), d, generator=g)
+    got = patched_final_residuals(model, [seqs[t] for t, _ in rows], [lay for _, lay in rows], vecs, batch_size=batch_size)
     names = residual_hook_names(L)
     for r, (t, layer) in enumerate(rows):
         seen = {}
@@ -87,7 +89,24 @@ def test_patched_runs_equal_an_uncached_hooked_run(tiny_models, arch):
 
         hooks = [(names[layer], write), (names[L], read)]
         model.run_with_hooks(torch.tensor([seqs[t]]), fwd_hooks=hooks)
-        assert (got[r] - seen["h"]).abs().max().item() < 1e-4, (arch, t, layer)
+        tol = 1e-4 * (seen["h"].abs().max().item() if relative else 1.0)
+        assert (got[r] - seen["h"]).abs().max().item() < tol, (t, layer)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_patched_runs_equal_an_uncached_hooked_run(tiny_models, arch):
+    model = tiny_models[arch]
+    _check_patched_against_uncached(model, _prompts(int(model.cfg.d_vocab))[:4], list(range(int(model.cfg.n_layers) + 1)), batch_size=3)
+
+
+def test_embedded_model_patched_mcq_prompts_equal_uncached(smollm2):
+    from depthkit import mcq
+
+    # Two few-shot prompts sharing their demonstrations: the shared prefix, the
+    # per-target context and the copies of the last token all take part.
+    seqs = [dk.encode(smollm2, p) for p in mcq.build_prompts("sst2", 2, shots=2, seed=0)["prompt"]]
+    L = int(smollm2.cfg.n_layers)
+    _check_patched_against_uncached(smollm2, seqs, [0, 1, L // 2, L - 1, L], batch_size=4, scale=3.0, relative=True)
 
 
 def test_embedded_model_mcq_prompts_cached_equal_uncached(smollm2):
