@@ -14,8 +14,8 @@ in memory, several times faster on few-shot prompts of hundreds of tokens.
   without SDPA support) keep the bridge's own attention.
 * :func:`cache_passthrough`: the bridge's attention sees a key/value cache.
 
-A plain ``model(...)`` or ``model.run_with_hooks(...)`` outside these contexts is
-the bridge's own computation; the tests compare the two on every family.
+A plain ``model(...)`` or a hooked run outside these contexts is the bridge's
+own computation; the tests compare the two on every family.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ written next to every result.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import functools
 import hashlib
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from depthkit.cache import cache_dir
 from depthkit.handles import ModelInfo, info_of, register, tokenizer_registered
 
 if TYPE_CHECKING:
@@ -270,19 +272,105 @@ def embedded_gguf_path(name: str) -> Path:
     return path
 
 
+# Bump when the layout of a converted copy changes: older copies are then rebuilt.
+CONVERTED_VERSION = 1
+
+
+def converted_dir(name: str) -> Path:
+    """Where the Hugging Face copy of an embedded model's GGUF file is kept.
+
+    Reading a GGUF file through transformers parses its metadata three times in
+    pure Python (about 40 s for SmolLM2 on a 2-core CPU, every load); the converted
+    copy (safetensors, JSON config and tokenizer) loads in a few seconds. The name
+    changes with the GGUF file and the transformers version that converted it.
+    """
+    import transformers
+
+    path = embedded_gguf_path(name)
+    st = path.stat()
+    key = f"{CONVERTED_VERSION}|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}"
+    return cache_dir("models", f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}")
+
+
 def _load_embedded(name: str, dtype: torch.dtype):
+    folder = converted_dir(name)
+    if (folder / _COMPLETE).is_file():
+        try:
+            model, tok = _load_local(folder)
+            return model.to(dtype=dtype), tok, EMBEDDED[name]["hub_id"]
+        except Exception as err:  # noqa: BLE001 - any unreadable copy is rebuilt from the GGUF file
+            warnings.warn(
+                f"The converted copy of {name} at {folder} could not be read ({type(err).__name__}: "
+                f"{str(err)[:200]}); converting the GGUF file again.",
+                stacklevel=3,
+            )
+    model, tok = _load_gguf(name)
+    _save_converted(model, tok, folder)
+    return model.to(dtype=dtype), tok, EMBEDDED[name]["hub_id"]
+
+
+_COMPLETE = "depthkit-converted.json"
+
+
+def _load_gguf(name: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = embedded_gguf_path(name)
     with _quiet_gguf():
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
-    return model, tok, EMBEDDED[name]["hub_id"]
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    return model, tok
+
+
+def _load_local(folder: Path):
+    import json
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    marker = json.loads((folder / _COMPLETE).read_text())
+    with _quiet_gguf():
+        tok = AutoTokenizer.from_pretrained(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, use_safetensors=True)
+    if weights_fingerprint(model) != marker.get("fingerprint"):
+        raise ValueError("its weights differ from the ones converted from the GGUF file")
+    return model, tok
+
+
+def _save_converted(model: Any, tok: Any, folder: Path) -> None:
+    """Write the copy into a temporary folder and rename it into place, so a crash
+    never leaves a folder that looks complete (the marker is written last)."""
+    import json
+    import shutil
+    import uuid
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = folder.with_name(f".{folder.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        from safetensors.torch import save_model
+
+        # save_pretrained refuses models read from GGUF: the weights, already
+        # dequantised, are written directly, and the config without the GGUF marker.
+        tmp.mkdir()
+        config = copy.deepcopy(model.config)
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.save_pretrained(tmp)
+        save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        tok.save_pretrained(tmp)
+        (tmp / _COMPLETE).write_text(json.dumps({"version": CONVERTED_VERSION, "fingerprint": weights_fingerprint(model)}))
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(tmp, folder)
+    except Exception as err:  # noqa: BLE001 - the model is loaded; a missing copy only costs time next load
+        # E.g. a full disk, or another process that put its copy in place first.
+        warnings.warn(f"Could not keep a converted copy at {folder} ({err}); the next load converts again.", stacklevel=3)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 class _quiet_gguf:
-    """Silence the per-tensor progress bar transformers prints while dequantising
-    (hundreds of lines of noise in a rendered notebook)."""
+    """Silence the per-tensor progress bars transformers prints while dequantising
+    and loading (hundreds of lines of noise in a rendered notebook)."""
 
     def __enter__(self):
         import transformers.modeling_gguf_pytorch_utils as gguf_utils

@@ -132,6 +132,7 @@ def test_what_depthkit_knows_lives_beside_the_model_not_on_it():
     model = dk.load_model("tiny-gpt2")
     assert not [a for a in vars(model) if a.startswith("depthkit")]  # nothing patched onto the bridge
     assert dk.model_info(model).name == "tiny-gpt2" and tokenizer_of(model) is handles.tokenizer_registered(model)
+    gc.collect()  # models earlier tests dropped, held only by reference cycles, go first
     n = len(handles._LOADED)
     del model
     gc.collect()
@@ -139,3 +140,63 @@ def test_what_depthkit_knows_lives_beside_the_model_not_on_it():
     with pytest.raises(ValueError, match="not loaded with depthkit.load_model"):
         dk.model_info(torch.nn.Linear(2, 2))
     assert handles.info_of("smollm2-135m") is None  # names are not models
+
+
+def test_embedded_model_loads_from_its_converted_copy_and_rebuilds_a_broken_one(tmp_path, monkeypatch):
+    import copy
+    import warnings
+
+    from depthkit import models
+
+    monkeypatch.setenv("DEPTHKIT_CACHE", str(tmp_path))
+    real, parsed, calls = models._load_gguf, [], []
+
+    def gguf_once(name):
+        # Parsing the GGUF file takes ~30 s here; the rebuild below reuses the first parse.
+        calls.append(name)
+        if not parsed:
+            parsed.append(real(name))
+        model, tok = parsed[0]
+        return copy.deepcopy(model), tok
+
+    monkeypatch.setattr(models, "_load_gguf", gguf_once)
+    text = "The capital of France is Paris.\n\nQuestion: 2+2?\nAnswer:"
+    first = dk.load_model("smollm2-135m")
+    folder = models.converted_dir("smollm2-135m")
+    assert calls == ["smollm2-135m"] and (folder / models._COMPLETE).is_file()
+    assert folder.parent == tmp_path / "models" and not list(folder.parent.glob(".*.tmp"))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # reading a sound copy says nothing
+        second = dk.load_model("smollm2-135m")
+    assert calls == ["smollm2-135m"]  # read from the copy, not from the GGUF file
+    assert dk.model_info(second) == dk.model_info(first)
+    a, b = first.state_dict(), second.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert tokenizer_of(first)(text)["input_ids"] == tokenizer_of(second)(text)["input_ids"]
+    ids = tokenizer_of(first)(text, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        assert torch.equal(first(ids), second(ids))
+
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.warns(UserWarning, match="could not be read.*converting the GGUF file again"):
+        third = dk.load_model("smollm2-135m")
+    assert len(calls) == 2 and dk.model_info(third) == dk.model_info(first)
+    dk.load_model("smollm2-135m")
+    assert len(calls) == 2  # the rebuilt copy is read again
+
+
+def test_a_copy_that_cannot_be_written_leaves_nothing_behind(tmp_path, monkeypatch, tiny_llama):
+    import safetensors.torch
+
+    from depthkit import models
+
+    def full_disk(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_model", full_disk)
+    target = tmp_path / "models" / "copy"
+    with pytest.warns(UserWarning, match="Could not keep a converted copy.*No space left"):
+        models._save_converted(tiny_llama.original_model, tokenizer_of(tiny_llama), target)
+    assert not target.exists() and not list(target.parent.iterdir())
