@@ -24,8 +24,6 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING
 
-from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
-
 if TYPE_CHECKING:
     from depthkit.handles import Model
 
@@ -40,6 +38,10 @@ def _fusable(model: Model) -> bool:
 def fused_attention(model: Model) -> Iterator[bool]:
     """Run attention through the model's own modules with the fused SDPA kernel
     (see the module docstring); yields whether it does."""
+    # Imported here: TransformerLens takes ~5 s to import, and `import depthkit` (the
+    # command line's parameter checks among others) should not wait for it.
+    from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
+
     bridges = [m for m in model.modules() if isinstance(m, AttentionBridge) and getattr(m, "original_component", None) is not None]
     if not bridges or not _fusable(model):
         yield False
