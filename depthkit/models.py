@@ -21,6 +21,7 @@ import functools
 import hashlib
 import importlib.util
 import os
+import shutil
 import tempfile
 import warnings
 from pathlib import Path
@@ -306,6 +307,11 @@ def _load_embedded(name: str, dtype: torch.dtype):
             )
     model, tok = _load_gguf(name)
     _save_converted(model, tok, folder)
+    if (folder / _COMPLETE).is_file():
+        # Copies made from an older GGUF file or transformers version are never read again.
+        for stale in folder.parent.glob(f"{name}-{'?' * len(folder.name.removeprefix(name + '-'))}"):
+            if stale != folder:
+                shutil.rmtree(stale, ignore_errors=True)
     return model.to(dtype=dtype), tok, EMBEDDED[name]["hub_id"]
 
 
@@ -340,7 +346,6 @@ def _save_converted(model: Any, tok: Any, folder: Path) -> None:
     """Write the copy into a temporary folder and rename it into place, so a crash
     never leaves a folder that looks complete (the marker is written last)."""
     import json
-    import shutil
     import uuid
 
     folder.parent.mkdir(parents=True, exist_ok=True)

@@ -161,10 +161,14 @@ def test_embedded_model_loads_from_its_converted_copy_and_rebuilds_a_broken_one(
 
     monkeypatch.setattr(models, "_load_gguf", gguf_once)
     text = "The capital of France is Paris.\n\nQuestion: 2+2?\nAnswer:"
+    stale = tmp_path / "models" / "smollm2-135m-000000000000"  # from an older transformers, say
+    stale.mkdir(parents=True)
+    (stale / "model.safetensors").write_bytes(b"old")
     first = dk.load_model("smollm2-135m")
     folder = models.converted_dir("smollm2-135m")
     assert calls == ["smollm2-135m"] and (folder / models._COMPLETE).is_file()
     assert folder.parent == tmp_path / "models" and not list(folder.parent.glob(".*.tmp"))
+    assert not stale.exists()  # only the copy that can still be read is kept
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # reading a sound copy says nothing
