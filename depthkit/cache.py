@@ -1,12 +1,13 @@
-"""Where depthkit keeps what it computes once and reuses (tuned lenses, token
-frequency tables, part-of-speech datasets, the chart JavaScript, CPU probes), and
-the one way it writes files: atomically, so that a crash never leaves a
-half-written file that looks complete."""
+"""Where depthkit keeps what it computes once and reuses (converted embedded models,
+tuned lenses, token frequency tables, part-of-speech datasets, the chart JavaScript,
+CPU probes), and the one way it writes files and folders: atomically, so that a
+crash never leaves a half-written one that looks complete."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,3 +44,22 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | str) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
     return path
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Like :func:`atomic_path` for a folder: yield an empty temporary folder next to
+    ``path``; when the block finishes it replaces ``path`` (and whatever was there) in
+    one rename. On any error the temporary folder is removed and ``path`` is left as
+    it was."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    tmp.mkdir()
+    try:
+        yield tmp
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

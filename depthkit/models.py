@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from depthkit.cache import cache_dir
+from depthkit.cache import atomic_dir, cache_dir
 from depthkit.handles import ModelInfo, info_of, register, tokenizer_registered
 
 if TYPE_CHECKING:
@@ -275,6 +275,8 @@ def embedded_gguf_path(name: str) -> Path:
 
 # Bump when the layout of a converted copy changes: older copies are then rebuilt.
 CONVERTED_VERSION = 1
+# Written last into a converted copy: its weights' fingerprint.
+_COMPLETE = "depthkit-converted.json"
 
 
 def converted_dir(name: str) -> Path:
@@ -309,13 +311,10 @@ def _load_embedded(name: str, dtype: torch.dtype):
     _save_converted(model, tok, folder)
     if (folder / _COMPLETE).is_file():
         # Copies made from an older GGUF file or transformers version are never read again.
-        for stale in folder.parent.glob(f"{name}-{'?' * len(folder.name.removeprefix(name + '-'))}"):
+        for stale in folder.parent.glob(f"{name}-*"):
             if stale != folder:
                 shutil.rmtree(stale, ignore_errors=True)
     return model.to(dtype=dtype), tok, EMBEDDED[name]["hub_id"]
-
-
-_COMPLETE = "depthkit-converted.json"
 
 
 def _load_gguf(name: str):
@@ -343,34 +342,26 @@ def _load_local(folder: Path):
 
 
 def _save_converted(model: Any, tok: Any, folder: Path) -> None:
-    """Write the copy into a temporary folder and rename it into place, so a crash
-    never leaves a folder that looks complete (the marker is written last)."""
+    """Write the copy atomically (a crash never leaves a folder that looks complete),
+    or warn: the model is loaded either way, a missing copy only costs time later."""
     import json
-    import uuid
 
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = folder.with_name(f".{folder.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    from safetensors.torch import save_model
+
     try:
-        from safetensors.torch import save_model
-
-        # save_pretrained refuses models read from GGUF: the weights, already
-        # dequantised, are written directly, and the config without the GGUF marker.
-        tmp.mkdir()
-        config = copy.deepcopy(model.config)
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config
-        config.save_pretrained(tmp)
-        save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        tok.save_pretrained(tmp)
-        (tmp / _COMPLETE).write_text(json.dumps({"version": CONVERTED_VERSION, "fingerprint": weights_fingerprint(model)}))
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(tmp, folder)
-    except Exception as err:  # noqa: BLE001 - the model is loaded; a missing copy only costs time next load
-        # E.g. a full disk, or another process that put its copy in place first.
+        with atomic_dir(folder) as tmp:
+            # save_pretrained refuses models read from GGUF: the weights, already
+            # dequantised, are written directly, and the config without the GGUF marker.
+            config = copy.deepcopy(model.config)
+            if hasattr(config, "quantization_config"):
+                del config.quantization_config
+            config.save_pretrained(tmp)
+            save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            tok.save_pretrained(tmp)
+            marker = {"version": CONVERTED_VERSION, "fingerprint": weights_fingerprint(model)}
+            (tmp / _COMPLETE).write_text(json.dumps(marker))
+    except Exception as err:  # noqa: BLE001 - e.g. a full disk, or another process's copy in place first
         warnings.warn(f"Could not keep a converted copy at {folder} ({err}); the next load converts again.", stacklevel=3)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 class _quiet_gguf:

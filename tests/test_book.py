@@ -178,6 +178,21 @@ def test_atomic_write_replaces_whole_file_and_leaves_no_temp(tmp_path: Path) -> 
     assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
 
 
+def test_atomic_dir_replaces_the_folder_or_leaves_it_as_it_was(tmp_path: Path) -> None:
+    from depthkit.cache import atomic_dir
+
+    target = tmp_path / "copy"
+    target.mkdir()
+    (target / "old.txt").write_text("old")
+    with pytest.raises(RuntimeError), atomic_dir(target) as tmp:
+        (tmp / "half.txt").write_text("half")
+        raise RuntimeError("crash mid-write")
+    assert [p.name for p in tmp_path.iterdir()] == ["copy"] and [p.name for p in target.iterdir()] == ["old.txt"]
+    with atomic_dir(target) as tmp:
+        (tmp / "new.txt").write_text("new")
+    assert [p.name for p in tmp_path.iterdir()] == ["copy"] and [p.name for p in target.iterdir()] == ["new.txt"]
+
+
 def test_failure_in_cli_is_one_short_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["run", "00", "-p", "no_equals_sign"]) == 1
     err = capsys.readouterr().err
