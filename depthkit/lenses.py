@@ -88,18 +88,50 @@ class Readout:
             b = getattr(model.unembed, "b_U", None)
             self.b = None if b is None or not bool(b.detach().abs().sum() > 0) else b.detach().float()
 
-    def __call__(self, h: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_vocab"]:
+    def __call__(
+        self, h: Float[Tensor, "... d_model"], out: Float[Tensor, " n"] | None = None
+    ) -> Float[Tensor, "... d_vocab"]:
+        """Logits of ``h``. ``out``: a float32 buffer of at least as many entries to
+        hold them (a Readout with a dtype only): a fresh vocabulary-sized tensor costs
+        a round of page faults, which on CPU is as slow as a fifth of the product."""
         # Residuals are captured in float32; a bfloat16/float16 model reads them in its
         # own precision, and logits are float32 whatever the model's dtype.
         x = self.norm(h.to(self.norm_dtype))
         if self.W is None:
+            if out is not None:
+                raise ValueError("out= needs a Readout with a dtype (its own copy of the unembedding).")
             z = self.unembed(x).float()
+            if self.softcap > 0:
+                z = torch.tanh(z / self.softcap) * self.softcap
+            return z
+        return self.cap_(self.project(x, out))
+
+    def project(self, x: Float[Tensor, "... d_model"], out: Float[Tensor, " n"] | None = None) -> Float[Tensor, "... d_vocab"]:
+        """Normed residuals times the unembedding (plus its bias), float32, without
+        the soft-cap; into ``out`` where given. Needs a Readout with a dtype."""
+        assert self.W is not None, "project() needs a Readout with a dtype"
+        v = self.W.shape[1]
+        x2 = x.reshape(-1, x.shape[-1]).to(self.dtype)
+        if out is None:
+            z = (x2 @ self.W).float()
+        elif self.dtype == torch.float32:
+            z = torch.mm(x2, self.W, out=out[: x2.shape[0] * v].view(-1, v))
         else:
-            z = (x.to(self.dtype) @ self.W).float()
-            if self.b is not None:
-                z = z + self.b
+            z = out[: x2.shape[0] * v].view(-1, v).copy_(x2 @ self.W)
+        if self.b is not None:
+            z += self.b
+        return z.view(*x.shape[:-1], v)
+
+    def project_back(self, g: Float[Tensor, "... d_vocab"]) -> Float[Tensor, "... d_model"]:
+        """The gradient of :meth:`project` w.r.t. its input: ``g`` times the
+        transposed unembedding, in the readout's dtype, returned as float32."""
+        assert self.W is not None, "project_back() needs a Readout with a dtype"
+        return (g.reshape(-1, g.shape[-1]).to(self.dtype) @ self.W.T).float().view(*g.shape[:-1], self.W.shape[0])
+
+    def cap_(self, z: Float[Tensor, "... d_vocab"]) -> Float[Tensor, "... d_vocab"]:
+        """The final logit soft-cap, in place (a no-op without one)."""
         if self.softcap > 0:
-            z = torch.tanh(z / self.softcap) * self.softcap
+            z.div_(self.softcap).tanh_().mul_(self.softcap)
         return z
 
 

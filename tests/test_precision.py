@@ -113,7 +113,10 @@ def test_training_probes_the_shapes_it_multiplies(tiny_llama, monkeypatch, tmp_p
     monkeypatch.setattr(precision, "run_probe", fake)
     lens = train_tuned_lens(tiny_llama, budget=BUDGET, progress=False)
     info = lens.meta["model"]
-    assert seen == [(info["d_model"], info["d_vocab"], (16, 64))]  # batch 16; held-out 64 in one chunk
+    # Batch 16, held-out 64 in one chunk: the final layer's readout of each, and every
+    # other layer's stacked into one product (the tiny vocabulary fits the budget).
+    L = info["n_blocks"]
+    assert seen == [(info["d_model"], info["d_vocab"], tuple(sorted({16, 64, 16 * L, 64 * L})))]
     assert lens.meta["dtypes_used"] == {"train": "bfloat16", "eval": "bfloat16"}
 
 

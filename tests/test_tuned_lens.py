@@ -396,3 +396,61 @@ def test_budget_fields_from_text_and_a_lens_from_its_file(model, tmp_path):
                     cache_dir=tmp_path, progress=False)
     again = lens_for(model, str(lens.path))
     assert isinstance(again, TunedLens) and torch.equal(again.A, lens.A) and again.meta["config"]["steps"] == 1
+
+
+@pytest.mark.parametrize("softcap", [0.0, 7.0])
+def test_kl_gradient_by_hand_matches_autograd(model, softcap):
+    from depthkit.lens_training import kl_gradient_
+
+    readout = Readout(model, torch.float32)
+    readout.softcap = softcap
+    g = torch.Generator().manual_seed(0)
+    z0 = torch.randn(3, 5, model.cfg.d_vocab, generator=g) * 4
+    p = torch.softmax(torch.randn(5, model.cfg.d_vocab, generator=g) * 3, -1)
+    w = torch.rand(5, generator=g)
+    u = z0.clone().requires_grad_()
+    capped = torch.tanh(u / softcap) * softcap if softcap else u
+    want_kl = (p * (p.log() - torch.log_softmax(capped, -1))).sum(-1)
+    (want_grad,) = torch.autograd.grad((want_kl * w).sum(), u)
+    z = z0.clone()
+    kl = kl_gradient_(readout, z, p, (p * p.log()).sum(-1), w)
+    torch.testing.assert_close(kl, want_kl.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(z, want_grad, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("budget_mb", [None, 1e-6])
+def test_training_gradients_match_autograd_through_the_lens(model, monkeypatch, budget_mb):
+    """The hand-written gradient of one training step, with all layers in one
+    unembedding product (default budget) or one layer per product (tiny budget),
+    against autograd through the lens's own readout and log-softmax."""
+    from depthkit import lens_training
+
+    if budget_mb is not None:
+        monkeypatch.setattr(lens_training, "LOGIT_BUDGET_MB", budget_mb)
+    L, d, n = model.cfg.n_layers, model.cfg.d_model, 11
+    want_groups = 1 if budget_mb is None else L
+    assert len(lens_training.layer_groups(L, n, model.cfg.d_vocab)) == want_groups
+    g = torch.Generator().manual_seed(0)
+    lens = TunedLens(model)
+    with torch.no_grad():
+        lens.A.normal_(0, 0.05, generator=g)
+        lens.b.normal_(0, 0.05, generator=g)
+    resid = torch.randn(L + 1, 40, d, generator=g) * 2
+    idx = torch.randint(0, 40, (n,), generator=g)
+    w = torch.rand(n, generator=g)
+    w = w / w.sum()
+    mu, sigma = torch.randn(L, d, generator=g), torch.rand(L, d, generator=g) + 0.5
+    dA = (torch.randn(L, d, d, generator=g) * 0.02).requires_grad_()
+    db = (torch.randn(L, d, generator=g) * 0.02).requires_grad_()
+    gA, gb, total = lens_training.kl_gradients(lens, Readout(model, torch.float32), resid, idx, w, (mu, sigma), (dA, db))
+
+    p = torch.softmax(lens.readout(resid[-1, idx]), -1).detach()
+    loss = torch.zeros(())
+    for l in range(L):
+        h = resid[l, idx]
+        z = lens.readout(lens.translate(h, l).detach() + ((h - mu[l]) / sigma[l]) @ dA[l].T + db[l])
+        loss = loss + (w * (p * (p.log() - torch.log_softmax(z, -1))).sum(-1)).sum()
+    want_A, want_b = torch.autograd.grad(loss / L, (dA, db))
+    assert total == pytest.approx(float(loss.detach()), rel=1e-5)
+    torch.testing.assert_close(gA, want_A, rtol=1e-4, atol=1e-7)
+    torch.testing.assert_close(gb, want_b, rtol=1e-4, atol=1e-7)
