@@ -1,7 +1,7 @@
 """The speed issue's figures, measured in one run on this machine.
 
     python benchmarks/speed.py            # smollm2-135m; about 3 minutes on 2 cores
-    python benchmarks/speed.py --lens     # also train the default tuned lens (about 3 more minutes)
+    python benchmarks/speed.py --lens     # also train the default tuned lens (3-8 more minutes)
 
 Prints, with the load average before and after (other work on the machine slows
 every figure; the ratios within one run are what to compare):

@@ -50,7 +50,7 @@ class TrainConfig:
     # Adam steps on the KL after the closed-form start. On smollm2-135m (2 cores, AMX
     # bfloat16) 100 steps take ~2 min and lower the mean held-out KL from 2.54 nats
     # (ridge start) to 1.96; the whole default training takes ~3 min (the benchmark),
-    # ~22 min on 2 AVX2 cores, where bfloat16 is emulated and the lens trains in float32.
+    # 7.6 min on 2 AVX2 cores, where bfloat16 is emulated and the lens trains in float32.
     steps: int = 100
     batch_positions: int = 128
     lr: float = 1e-4
@@ -82,7 +82,7 @@ class TrainConfig:
 
 
 BUDGETS: dict[str, dict[str, Any]] = {
-    # Ridge start + 100 Adam steps on the KL (smollm2-135m, 2 cores: ~3 min AMX, ~22 min AVX2).
+    # Ridge start + 100 Adam steps on the KL (smollm2-135m, 2 cores: ~3 min AMX, ~8 min AVX2).
     "default": {},
     # Seconds: for CI smoke runs of the chapters. Ridge start + a handful of steps.
     "smoke": dict(train_tokens=384, heldout_tokens=64, seq_len=64, steps=3, batch_positions=16),
