@@ -63,6 +63,10 @@ def test_bias_table_pairs_prompts_and_reports_intervals():
     assert bias.loc[ch.THE, "drop"] == pytest.approx(0.1) and bias.loc[ch.TOP10, "drop"] == pytest.approx(0.2)
     assert bias.loc[ch.TOP10, "drop lo"] > 0 and np.isnan(bias.loc[ch.TUNED, "drop"])
     assert "early shares through the tuned, Top-10 down-weighted lens are 20.0 percentage points lower" in text
+    # The interval is signed like every other difference sentence: down-weighted minus plain.
+    low = text.split("Top-10 down-weighted lens are 20.0 percentage points lower than through the plain tuned lens (95 % CI ")[1]
+    lo, hi = (float(x) for x in low.split(")")[0].split(" to "))
+    assert lo <= -20.0 <= hi < 0
     assert "Down-weighting frequent targets lowers the early Top-10 share" in text and "artefact" not in text
 
 

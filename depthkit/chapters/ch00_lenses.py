@@ -187,10 +187,12 @@ def bias_verdict(bias: pd.DataFrame, early: Sequence[int]) -> str:
     )
     down = [_clearly_more(b.loc[k]) for k in (THE, TOP10)]
     dropped = [_clearly_dropped(b.loc[k]) for k in (THE, TOP10)]
+    # narrate.difference states subject minus reference: the down-weighted share minus
+    # the plain one, so a drop is negative, and its interval is signed the same way.
     drops = "; ".join(
-        narrate.difference(b.loc[k, "drop"] * 100, b.loc[k, "drop lo"] * 100, b.loc[k, "drop hi"] * 100, more="lower",
-                           less="higher", than="through the plain tuned lens", subject=f"early shares through the {k} lens",
-                           unit="percentage points")
+        narrate.difference(-b.loc[k, "drop"] * 100, -b.loc[k, "drop hi"] * 100, -b.loc[k, "drop lo"] * 100,
+                           more="higher", less="lower", than="through the plain tuned lens",
+                           subject=f"early shares through the {k} lens", unit="percentage points")
         for k in (THE, TOP10)
     )
     head += f"Against the plain tuned lens, {drops}. "
