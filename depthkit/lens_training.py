@@ -395,7 +395,6 @@ def kl_gradients(
     groups = layer_groups(L, len(idx), lens.d_vocab)
     if buf is None:
         buf = torch.empty(len(groups[0]) * len(idx) * lens.d_vocab)
-    A, b = lens.A.detach(), lens.b.detach()
     with torch.no_grad():
         logp = torch.log_softmax(readout(resid[-1, idx]), -1)
         p = logp.exp()
@@ -409,7 +408,7 @@ def kl_gradients(
         db = delta_b[g.start : g.stop].detach().requires_grad_()
         h = resid[g.start : g.stop, idx]  # [layer, pos, d]
         with torch.no_grad():
-            base = h + torch.baddbmm(b[g.start : g.stop, None], h, A[g.start : g.stop].transpose(1, 2))
+            base = torch.stack([lens.translate(h[i], l) for i, l in enumerate(g)])
         z_std = (h - mu[g.start : g.stop, None]) / sigma[g.start : g.stop, None]
         x = readout.norm((base + torch.baddbmm(db[:, None], z_std, dA.transpose(1, 2))).to(readout.norm_dtype))
         z = readout.project(x.detach(), out=buf)
