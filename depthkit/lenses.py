@@ -87,24 +87,51 @@ class Readout:
             self.W = W.to(dtype).contiguous()
             b = getattr(model.unembed, "b_U", None)
             self.b = None if b is None or not bool(b.detach().abs().sum() > 0) else b.detach().float()
+        # What the unembedding module computes, for writing its product into a
+        # caller's buffer: a plain float32 Linear whose weight is in memory (not
+        # offloaded behind accelerate hooks); anything else is only ever called.
+        head = getattr(model.unembed, "original_component", None)
+        direct = (
+            type(head) is torch.nn.Linear and head.weight.dtype == torch.float32
+            and head.weight.device.type != "meta" and not hasattr(head, "_hf_hook")
+        )  # fmt: skip
+        self._head: torch.nn.Linear | None = head if direct else None
+        # The bridge gives bias-free heads a zero bias; adding it would be one more
+        # pass over the logits for nothing.
+        self._bias = head.bias if direct and head.bias is not None and bool(head.bias.detach().any()) else None
 
     def __call__(
         self, h: Float[Tensor, "... d_model"], out: Float[Tensor, " n"] | None = None
     ) -> Float[Tensor, "... d_vocab"]:
         """Logits of ``h``. ``out``: a float32 buffer of at least as many entries to
-        hold them (a Readout with a dtype only): a fresh vocabulary-sized tensor costs
-        a round of page faults, which on CPU is as slow as a fifth of the product."""
+        hold them: a fresh vocabulary-sized tensor costs a round of page faults,
+        which on CPU is as slow as a fifth of the product. Without a dtype, the
+        product written there is the unembedding module's own (same weight, bias and
+        matrix product); a module that cannot be mirrored that way is called."""
         # Residuals are captured in float32; a bfloat16/float16 model reads them in its
         # own precision, and logits are float32 whatever the model's dtype.
         x = self.norm(h.to(self.norm_dtype))
         if self.W is None:
-            if out is not None:
-                raise ValueError("out= needs a Readout with a dtype (its own copy of the unembedding).")
+            # out= products do not record gradients: only used where none are taken.
+            if out is not None and self._head is not None and not torch.is_grad_enabled():
+                return self.cap_(self._into(x, out))
             z = self.unembed(x).float()
             if self.softcap > 0:
                 z = torch.tanh(z / self.softcap) * self.softcap
             return z
         return self.cap_(self.project(x, out))
+
+    def _into(self, x: Float[Tensor, "... d_model"], out: Float[Tensor, " n"]) -> Float[Tensor, "... d_vocab"]:
+        """The unembedding Linear's ``x @ W.T + b``, written into ``out``."""
+        assert self._head is not None
+        W, v = self._head.weight, self._head.weight.shape[0]
+        x2 = x.reshape(-1, x.shape[-1])
+        z = out[: x2.shape[0] * v].view(-1, v)
+        if self._bias is None:
+            torch.mm(x2, W.T, out=z)
+        else:
+            torch.addmm(self._bias, x2, W.T, out=z)
+        return z.view(*x.shape[:-1], v)
 
     def project(self, x: Float[Tensor, "... d_model"], out: Float[Tensor, " n"] | None = None) -> Float[Tensor, "... d_vocab"]:
         """Normed residuals times the unembedding (plus its bias), float32, without
@@ -163,8 +190,11 @@ class Lens(torch.nn.Module):
     def translate(self, h: Float[Tensor, "... d_model"], translator: int | None) -> Float[Tensor, "... d_model"]:
         return h
 
-    def readout(self, h: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_vocab"]:
-        return self._readout(h)
+    def readout(
+        self, h: Float[Tensor, "... d_model"], out: Float[Tensor, " n"] | None = None
+    ) -> Float[Tensor, "... d_vocab"]:
+        """Logits of ``h`` (float32); into the buffer ``out`` where given (see :class:`Readout`)."""
+        return self._readout(h, out)
 
     def forward(self, h: Float[Tensor, "... d_model"], translator: int | None) -> Float[Tensor, "... d_vocab"]:
         return self.readout(self.translate(h, translator))

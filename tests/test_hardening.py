@@ -154,9 +154,9 @@ def test_vocabulary_sized_work_is_chunked_to_the_memory_budget(tiny_llama):
     seen: list[int] = []
     readout = lens.readout
 
-    def spy(h):
+    def spy(h, out=None):
         seen.append(h.reshape(-1, h.shape[-1]).shape[0])
-        return readout(h)
+        return readout(h, out)
 
     lens.readout = spy  # type: ignore[method-assign]
     items = dk.make_items(tiny_llama, ["The cat sat on the mat and the dog lay by the door"] * 6, positions="all")

@@ -224,3 +224,41 @@ def test_smollm2_lens_and_model_agree(smollm2):
         got = traj.steps[traj.steps.layer == layer].sort_values("position").top1_id.to_numpy()
         np.testing.assert_array_equal(got, expected[layer].argmax(-1).numpy())
     assert traj.top1_table().top1_token.iloc[-1] == " Paris"
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "neox", "gemma3"])
+def test_readout_into_a_buffer_is_the_unembedding_modules_product(tiny_models, arch):
+    """The engine writes logits into a reused buffer with the unembedding's own
+    weight; that must be what the module itself returns."""
+    model = tiny_models[arch]
+    lens = LogitLens(model)
+    assert lens._readout._head is not None  # the buffer path is the one under test
+    h = torch.randn(3, 4, int(model.cfg.d_model)) * 5
+    buf = torch.full((20 * int(model.cfg.d_vocab),), float("nan"))
+    with torch.no_grad():
+        into = lens.readout(h, out=buf)
+        assert into.data_ptr() == buf.data_ptr()
+        torch.testing.assert_close(into, lens.readout(h), rtol=1e-6, atol=1e-5)
+
+
+def test_statistics_taken_in_cache_sized_blocks_equal_one_pass(tiny_llama, monkeypatch):
+    """Top-k, ranks, entropy and KL come out the same whatever the block of rows
+    their passes work on (one row, some rows, the whole chunk)."""
+    import importlib
+
+    tr = importlib.import_module("depthkit.trajectories")  # the module, not dk.trajectories the function
+
+    items = dk.make_items(tiny_llama, PROMPTS, positions="all")
+    resid = collect_residuals(tiny_llama, items)
+    plan = layer_plan(tiny_llama.cfg.n_layers)
+    extra = torch.randint(0, int(tiny_llama.cfg.d_vocab), (resid.shape[1], 2))
+    lens = LogitLens(tiny_llama)
+    runs = []
+    for rows in (1, 3, 10**6):
+        monkeypatch.setattr(tr, "STAT_BLOCK_BYTES", rows * lens.d_vocab * 4)
+        runs.append(decode_residuals(lens, plan, resid, extra, top_k=4))
+    for other in runs[1:]:
+        for name in ("top_ids", "target_rank", "final_top1"):
+            assert torch.equal(getattr(runs[0], name), getattr(other, name)), name
+        for name in ("top_probs", "target_prob", "target_logit", "entropy", "kl"):
+            torch.testing.assert_close(getattr(runs[0], name), getattr(other, name), rtol=1e-5, atol=1e-6)
