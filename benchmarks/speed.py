@@ -9,9 +9,10 @@ every figure; the ratios within one run are what to compare):
 1. last-position engine (``dk.trajectories``, logit lens, every layer) against a
    plain batched transformers loop (16 prompts a batch in input order, the issue's
    reference, and sorted by length; ``output_hidden_states``, final norm +
-   unembedding of the last position at every layer) and against a
-   roofline: forward FLOPs plus one unembedding per layer at the measured fp32
-   matmul rate; 128 prompts of 8-24 words from the analysis split;
+   unembedding of the last position at every layer), against a roofline (forward
+   FLOPs plus one unembedding per layer at the measured fp32 matmul rate) and
+   against the model's forward pass alone, the ceiling of any engine built on
+   it; 128 prompts of 8-24 words from the analysis split;
 2. few-shot MCQ prompts per second with and without the shared-prefix cache;
 3. patching pairs per second (every layer): all of a target's patched layers in
    one pass over its context against recomputing the whole target for every
@@ -38,7 +39,8 @@ import torch  # noqa: E402
 
 import depthkit as dk  # noqa: E402
 from depthkit import mcq  # noqa: E402
-from depthkit.capture import Item, batch_tensors, patched_final_residuals, residual_hook_names  # noqa: E402
+from depthkit.capture import Item, batch_tensors, length_batches, patched_final_residuals, residual_hook_names  # noqa: E402
+from depthkit.trajectories import ONE_POSITION_BATCH  # noqa: E402
 
 
 def matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
@@ -80,6 +82,14 @@ def plain_loop(model, items: list[Item], batch_size: int = 16, *, by_length: boo
         z.topk(5, -1)
 
 
+def forward_only(model, items: list[Item]) -> None:
+    """The model's own forward pass (transformers, no hooks, no lens) over the
+    engine's batches: the ceiling of any lens engine that runs this model."""
+    for batch in length_batches(items, ONE_POSITION_BATCH):
+        tokens, mask, _, _ = batch_tensors(model, [items[i] for i in batch])
+        model.original_model.model(input_ids=tokens, attention_mask=mask)
+
+
 def roofline_seconds(model, items: list[Item], gflops: float) -> float:
     n_params = sum(p.numel() for n, p in model.original_model.named_parameters() if "embed" not in n)
     n_tokens = sum(len(it.tokens) for it in items)
@@ -118,6 +128,7 @@ def main() -> None:
     eng = _best(lambda: dk.trajectories(model, items, progress=False), args.repeats)
     plain = _best(lambda: plain_loop(model, items), args.repeats)
     plain_sorted = _best(lambda: plain_loop(model, items, by_length=True), args.repeats)
+    fwd = _best(lambda: forward_only(model, items), args.repeats)
     roof = roofline_seconds(model, items, gflops)
     n = len(items)
     print(f"\n1. last position, {n} prompts of 8-24 words ({sum(len(i.tokens) for i in items)} tokens), logit lens at {L + 1} depths")
@@ -125,6 +136,8 @@ def main() -> None:
           f"{n / plain_sorted:.1f} (sorted by length) | roofline {n / roof:.1f}")
     print(f"   engine / plain loop = {plain / eng:.2f}x (target >= 1.5x), / sorted plain loop = {plain_sorted / eng:.2f}x; "
           f"engine / roofline = {roof / eng:.2f} (target >= 0.7)")
+    print(f"   the model's forward alone (no lens, same batches) {n / fwd:.1f} prompts/s = {roof / fwd:.2f} of the roofline: "
+          f"the ceiling of any engine built on it")
 
     prompts = list(mcq.build_prompts("sst2", 32, shots=4, seed=0)["prompt"])
     mcq_items = dk.make_items(model, prompts)
