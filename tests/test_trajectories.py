@@ -241,13 +241,34 @@ def test_readout_into_a_buffer_is_the_unembedding_modules_product(tiny_models, a
         torch.testing.assert_close(into, lens.readout(h), rtol=1e-6, atol=1e-5)
 
 
+
+def test_a_reused_workspace_leaves_earlier_results_alone(tiny_llama):
+    """Decoding reuses one buffer across batches: results must not depend on what it
+    held before, nor change when it is written again."""
+    from depthkit.trajectories import Workspace
+
+    lens = LogitLens(tiny_llama)
+    plan = layer_plan(tiny_llama.cfg.n_layers)
+    first_resid = collect_residuals(tiny_llama, dk.make_items(tiny_llama, PROMPTS[:2]))
+    second_resid = collect_residuals(tiny_llama, dk.make_items(tiny_llama, PROMPTS[2:4]))
+    fresh = decode_residuals(lens, plan, first_resid, None, top_k=3)
+    ws = Workspace()
+    # stale contents, in a buffer as large as the decode needs (logits and scratch)
+    ws.get(2 * len(plan) * first_resid.shape[1] * lens.d_vocab, first_resid.device).fill_(float("nan"))
+    stale = ws.buf
+    first = decode_residuals(lens, plan, first_resid, None, top_k=3, workspace=ws)
+    decode_residuals(lens, plan, second_resid, None, top_k=3, workspace=ws)
+    assert ws.buf is stale  # really reused, twice
+    for name in ("top_ids", "top_probs", "target_logit", "target_prob", "target_rank", "entropy", "kl", "final_top1"):
+        assert torch.equal(getattr(first, name), getattr(fresh, name)), name
+
+
 def test_statistics_taken_in_cache_sized_blocks_equal_one_pass(tiny_llama, monkeypatch):
     """Top-k, ranks, entropy and KL come out the same whatever the block of rows
     their passes work on (one row, some rows, the whole chunk)."""
     import importlib
 
     tr = importlib.import_module("depthkit.trajectories")  # the module, not dk.trajectories the function
-
     items = dk.make_items(tiny_llama, PROMPTS, positions="all")
     resid = collect_residuals(tiny_llama, items)
     plan = layer_plan(tiny_llama.cfg.n_layers)
