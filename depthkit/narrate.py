@@ -79,6 +79,8 @@ def difference(
     words and function words (-1.2 layers, 95 % CI -3.0–0.6)"``."""
     if not _finite(diff):
         return f"the difference between {subject} and {than} cannot be measured here"
+    if unit.endswith("s") and f"{abs(diff):.{digits}f}" == "1":
+        unit = unit[:-1]  # "1 layer", but "1.0 layers"
     if not _finite(lo, hi):
         return f"{subject} differ from {than} by {diff:+.{digits}f} {unit} ({NO_INTERVAL}); no finding is drawn from it"
     ci = f"{CI_LABEL} {lo:+.{digits}f} to {hi:+.{digits}f}"

@@ -34,6 +34,13 @@ def test_a_difference_is_a_finding_only_when_its_interval_excludes_zero():
     assert not narrate.excludes_zero(0.0, 1.0) and narrate.excludes_zero(0.1, 1.0)
 
 
+def test_one_whole_unit_is_singular():
+    assert narrate.difference(-1, -1, -1, **LATER, digits=0).startswith("content words are 1 layer earlier than")
+    assert narrate.difference(1.0, 0.5, 1.5, **LATER).startswith("content words are 1.0 layers later")
+    assert "(+1 layer," in narrate.difference(1, -1, 3, **LATER, digits=0)
+    assert "2 layers" in narrate.difference(2, 1, 3, **LATER, digits=0)
+
+
 def test_model_note_names_quantisation_lens_and_convention():
     from types import SimpleNamespace
 
