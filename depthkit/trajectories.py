@@ -197,9 +197,9 @@ class _Decoded:
     final_top1: Int[Tensor, " pos"]
 
 
-# What decoding keeps alive per vocabulary entry of a row: the float32 logits (the
-# budget counts them twice, as it once held a scratch copy of the same size: chunk
-# sizes, and so results, stay as they were).
+# What decoding may keep alive per vocabulary entry of a row: the float32 logits and
+# as much again for scratch (the statistics use at most one step's rows of it; the
+# rest is headroom, and keeps chunk sizes as they were).
 BYTES_PER_VOCAB_ENTRY = 4 + 4
 # Rows of logits whose statistics (top-k, ranks, softmax sums) are taken together
 # on CPU: a block this small stays in a core's cache across those six-odd passes
@@ -255,7 +255,7 @@ def decode_residuals(
     n_extra = 0 if extra_targets is None else extra_targets.shape[1]
     workspace = workspace or Workspace()
     logits = workspace.get(n_steps * chunk * d_vocab, resid.device)
-    # A GPU takes each statistic over the whole chunk in one kernel; a CPU over
+    # A GPU takes each statistic over all of a step's positions at once; a CPU over
     # blocks of positions that fit its cache.
     on_cpu = resid.device.type == "cpu"
     block = max(1, int(STAT_BLOCK_BYTES // (d_vocab * 4))) if on_cpu else chunk
