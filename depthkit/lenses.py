@@ -80,25 +80,27 @@ class Readout:
         self.unembed = model.unembed
         W = model.unembed.W_U.detach()  # [d_model, d_vocab]
         self.norm_dtype = W.dtype  # the model's own precision
-        self.dtype = dtype
         self.W: Tensor | None = None
         self.b: Tensor | None = None
+        # Whether every readout goes through W (a Readout with a dtype), or only
+        # products written into a caller's buffer (below) while the rest call the module.
+        self.own_copy = dtype is not None
+        head = getattr(model.unembed, "original_component", None)
         if dtype is not None:
             self.W = W.to(dtype).contiguous()
-            b = getattr(model.unembed, "b_U", None)
-            self.b = None if b is None or not bool(b.detach().abs().sum() > 0) else b.detach().float()
-        # What the unembedding module computes, for writing its product into a
-        # caller's buffer: a plain float32 Linear whose weight is in memory (not
-        # offloaded behind accelerate hooks); anything else is only ever called.
-        head = getattr(model.unembed, "original_component", None)
-        direct = (
+        elif (
             type(head) is torch.nn.Linear and head.weight.dtype == torch.float32
             and head.weight.device.type != "meta" and not hasattr(head, "_hf_hook")
-        )  # fmt: skip
-        self._head: torch.nn.Linear | None = head if direct else None
-        # The bridge gives bias-free heads a zero bias; adding it would be one more
-        # pass over the logits for nothing.
-        self._bias = head.bias if direct and head.bias is not None and bool(head.bias.detach().any()) else None
+        ):  # fmt: skip
+            # The module is a plain in-memory float32 Linear: its own weight (a view,
+            # no copy) gives its very product, written into a caller's buffer.
+            self.W, dtype = head.weight.detach().T, torch.float32
+        self.dtype = dtype
+        if self.W is not None:
+            # The bridge gives bias-free heads a zero bias; adding it would be one more
+            # pass over the logits for nothing.
+            b = getattr(model.unembed, "b_U", None)
+            self.b = None if b is None or not bool(b.detach().abs().sum() > 0) else b.detach().float()
 
     def __call__(
         self, h: Float[Tensor, "... d_model"], out: Float[Tensor, " n"] | None = None
@@ -111,32 +113,21 @@ class Readout:
         # Residuals are captured in float32; a bfloat16/float16 model reads them in its
         # own precision, and logits are float32 whatever the model's dtype.
         x = self.norm(h.to(self.norm_dtype))
-        if self.W is None:
-            # out= products do not record gradients: only used where none are taken.
-            if out is not None and self._head is not None and not torch.is_grad_enabled():
-                return self.cap_(self._into(x, out))
-            z = self.unembed(x).float()
-            if self.softcap > 0:
-                z = torch.tanh(z / self.softcap) * self.softcap
-            return z
-        return self.cap_(self.project(x, out))
-
-    def _into(self, x: Float[Tensor, "... d_model"], out: Float[Tensor, " n"]) -> Float[Tensor, "... d_vocab"]:
-        """The unembedding Linear's ``x @ W.T + b``, written into ``out``."""
-        assert self._head is not None
-        W, v = self._head.weight, self._head.weight.shape[0]
-        x2 = x.reshape(-1, x.shape[-1])
-        z = out[: x2.shape[0] * v].view(-1, v)
-        if self._bias is None:
-            torch.mm(x2, W.T, out=z)
-        else:
-            torch.addmm(self._bias, x2, W.T, out=z)
-        return z.view(*x.shape[:-1], v)
+        # out= products do not record gradients: only used where none are taken.
+        into = out is not None and self.W is not None and not torch.is_grad_enabled()
+        if self.own_copy or into:
+            return self.cap_(self.project(x, out))
+        if out is not None:
+            raise ValueError("out= needs a Readout with a dtype, or a plain float32 unembedding and no gradients.")
+        z = self.unembed(x).float()
+        if self.softcap > 0:
+            z = torch.tanh(z / self.softcap) * self.softcap
+        return z
 
     def project(self, x: Float[Tensor, "... d_model"], out: Float[Tensor, " n"] | None = None) -> Float[Tensor, "... d_vocab"]:
         """Normed residuals times the unembedding (plus its bias), float32, without
-        the soft-cap; into ``out`` where given. Needs a Readout with a dtype."""
-        assert self.W is not None, "project() needs a Readout with a dtype"
+        the soft-cap; into ``out`` where given. Needs ``W`` (see :meth:`__init__`)."""
+        assert self.W is not None, "project() needs a Readout with a dtype or a plain float32 unembedding"
         v = self.W.shape[1]
         x2 = x.reshape(-1, x.shape[-1]).to(self.dtype)
         if out is None:

@@ -232,7 +232,7 @@ def test_readout_into_a_buffer_is_the_unembedding_modules_product(tiny_models, a
     weight; that must be what the module itself returns."""
     model = tiny_models[arch]
     lens = LogitLens(model)
-    assert lens._readout._head is not None  # the buffer path is the one under test
+    assert lens._readout.W is not None and not lens._readout.own_copy  # the buffer path is the one under test
     h = torch.randn(3, 4, int(model.cfg.d_model)) * 5
     buf = torch.full((20 * int(model.cfg.d_vocab),), float("nan"))
     with torch.no_grad():
