@@ -117,8 +117,6 @@ class Readout:
         into = out is not None and self.W is not None and not torch.is_grad_enabled()
         if self.own_copy or into:
             return self.cap_(self.project(x, out))
-        if out is not None:
-            raise ValueError("out= needs a Readout with a dtype, or a plain float32 unembedding and no gradients.")
         z = self.unembed(x).float()
         if self.softcap > 0:
             z = torch.tanh(z / self.softcap) * self.softcap
