@@ -128,10 +128,15 @@ def test_a_killed_run_loses_nothing_and_the_next_run_succeeds(smoke_book, tmp_pa
 
     proc = _run_chapter(ch, results, tmp_path)
     staging = results / before.path.parent.name
-    # Kill it midway: a smoke run of this chapter takes about 30 s here (the model
-    # load alone about 15 s). The moment of dying between two table writes is
-    # covered in test_results.py.
-    time.sleep(12)
+    # Kill it midway: once papermill has written its partial notebook the kernel is
+    # loading the model, seconds before any table is written. A fixed delay was
+    # outrun once the engine got faster. The moment of dying between two table
+    # writes is covered in test_results.py.
+    partial_nb = executed.parent / f"{ch.slug}.partial.ipynb"
+    deadline = time.monotonic() + 120
+    while not partial_nb.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)
     assert proc.poll() is None, "the run ended before it could be interrupted: " + proc.stdout.read()[-2000:]
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
