@@ -12,7 +12,8 @@ every figure; the ratios within one run are what to compare):
    unembedding of the last position at every layer), against a roofline (forward
    FLOPs plus one unembedding per layer at the measured fp32 matmul rate) and
    against the model's forward pass alone, the ceiling of any engine built on
-   it; 128 prompts of 8-24 words from the analysis split;
+   it, and against that forward plus the unembeddings with no statistics (the
+   least work any engine that decodes every layer must do); 128 prompts of 8-24 words from the analysis split;
 2. few-shot MCQ prompts per second with and without the shared-prefix cache;
 3. patching pairs per second (every layer): all of a target's patched layers in
    one pass over its context against recomputing the whole target for every
@@ -90,6 +91,23 @@ def forward_only(model, items: list[Item]) -> None:
         model.original_model.model(input_ids=tokens, attention_mask=mask)
 
 
+def forward_and_unembed(model, items: list[Item]) -> None:
+    """The model's forward pass plus the final norm and unembedding of the last
+    position at every depth, over the engine's batches, into one reused buffer,
+    with no statistics at all: what any engine that decodes every layer here must
+    at least spend."""
+    hf = model.original_model
+    norm, w = hf.model.norm, hf.lm_head.weight
+    buf = None
+    for batch in length_batches(items, ONE_POSITION_BATCH):
+        tokens, mask, bi, pi = batch_tensors(model, [items[i] for i in batch])
+        out = hf.model(input_ids=tokens, attention_mask=mask, output_hidden_states=True)
+        h = norm(torch.cat([s[bi, pi] for s in out.hidden_states]))
+        if buf is None or buf.shape[0] < h.shape[0]:
+            buf = torch.empty(h.shape[0], w.shape[0])
+        torch.mm(h, w.T, out=buf[: h.shape[0]])
+
+
 def roofline_seconds(model, items: list[Item], gflops: float) -> float:
     n_params = sum(p.numel() for n, p in model.original_model.named_parameters() if "embed" not in n)
     n_tokens = sum(len(it.tokens) for it in items)
@@ -129,6 +147,7 @@ def main() -> None:
     plain = _best(lambda: plain_loop(model, items), args.repeats)
     plain_sorted = _best(lambda: plain_loop(model, items, by_length=True), args.repeats)
     fwd = _best(lambda: forward_only(model, items), args.repeats)
+    floor = _best(lambda: forward_and_unembed(model, items), args.repeats)
     roof = roofline_seconds(model, items, gflops)
     n = len(items)
     print(f"\n1. last position, {n} prompts of 8-24 words ({sum(len(i.tokens) for i in items)} tokens), logit lens at {L + 1} depths")
@@ -138,6 +157,8 @@ def main() -> None:
           f"engine / roofline = {roof / eng:.2f} (target >= 0.7)")
     print(f"   the model's forward alone (no lens, same batches) {n / fwd:.1f} prompts/s = {roof / fwd:.2f} of the roofline: "
           f"the ceiling of any engine built on it")
+    print(f"   forward + final norm + {L + 1} unembeddings, no statistics {n / floor:.1f} prompts/s = {roof / floor:.2f} of the roofline, "
+          f"{plain / floor:.2f}x the plain loop: the most any lens engine can reach here; the engine runs at {floor / eng:.2f} of it")
 
     prompts = list(mcq.build_prompts("sst2", 32, shots=4, seed=0)["prompt"])
     mcq_items = dk.make_items(model, prompts)
