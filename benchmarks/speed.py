@@ -40,7 +40,14 @@ import torch  # noqa: E402
 
 import depthkit as dk  # noqa: E402
 from depthkit import mcq  # noqa: E402
-from depthkit.capture import Item, batch_tensors, length_batches, patched_final_residuals, residual_hook_names  # noqa: E402
+from depthkit.capture import (  # noqa: E402
+    Item,
+    batch_tensors,
+    packed_batches,
+    packed_tensors,
+    patched_final_residuals,
+    residual_hook_names,
+)
 from depthkit.trajectories import ONE_POSITION_BATCH  # noqa: E402
 
 
@@ -83,12 +90,18 @@ def plain_loop(model, items: list[Item], batch_size: int = 16, *, by_length: boo
         z.topk(5, -1)
 
 
+def engine_batches(model, items: list[Item]):
+    """The engine's forward passes over ``items``: its batches, packed into rows."""
+    for batch in packed_batches(items, ONE_POSITION_BATCH):
+        tokens, position_ids, mask, bi, pi = packed_tensors(model, [items[i] for i in batch])
+        yield {"input_ids": tokens, "position_ids": position_ids, "attention_mask": mask}, bi, pi
+
+
 def forward_only(model, items: list[Item]) -> None:
     """The model's own forward pass (transformers, no hooks, no lens) over the
     engine's batches: the ceiling of any lens engine that runs this model."""
-    for batch in length_batches(items, ONE_POSITION_BATCH):
-        tokens, mask, _, _ = batch_tensors(model, [items[i] for i in batch])
-        model.original_model.model(input_ids=tokens, attention_mask=mask)
+    for inputs, _, _ in engine_batches(model, items):
+        model.original_model.model(**inputs)
 
 
 def forward_and_unembed(model, items: list[Item]) -> None:
@@ -99,9 +112,8 @@ def forward_and_unembed(model, items: list[Item]) -> None:
     hf = model.original_model
     norm, w = hf.model.norm, hf.lm_head.weight
     buf = None
-    for batch in length_batches(items, ONE_POSITION_BATCH):
-        tokens, mask, bi, pi = batch_tensors(model, [items[i] for i in batch])
-        out = hf.model(input_ids=tokens, attention_mask=mask, output_hidden_states=True)
+    for inputs, bi, pi in engine_batches(model, items):
+        out = hf.model(**inputs, output_hidden_states=True)
         h = norm(torch.cat([s[bi, pi] for s in out.hidden_states]))
         if buf is None or buf.shape[0] < h.shape[0]:
             buf = torch.empty(h.shape[0], w.shape[0])

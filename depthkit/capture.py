@@ -5,6 +5,9 @@ Everything that reads or writes the residual stream goes through here:
 * :class:`Item`: one token sequence and the positions whose residuals count;
 * :func:`batch_tensors` / :func:`length_batches`: right-padded batches (with an
   attention mask), items sorted by length so that little padding is needed;
+* :func:`pack_rows` / :func:`packed_tensors`: several items end to end in one row,
+  each attending only to itself and counting its positions from 0, so that a
+  batch of short prompts of mixed lengths computes almost no padding;
 * :func:`residual_hook_names`: the hook of every residual depth 0..L;
 * :func:`collect_residuals` / :func:`residual_rows`: residual vectors at chosen
   depths and positions (optionally with one block's update removed);
@@ -27,7 +30,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -138,6 +141,94 @@ def batch_tensors(model: Model, items: Sequence[Item]):
     )
 
 
+# Tokens a packed row may hold when no item is longer. Wider rows waste more
+# attention on the masked-out pairs between items: about 2 * width * d_model per
+# token against the blocks' 2 * parameters, under 5 % for every supported model.
+PACK_WIDTH = 128
+
+
+def pack_rows(lengths: Sequence[int], width: int) -> list[list[int]]:
+    """Indices of items of ``lengths`` tokens grouped into rows of at most ``width``
+    tokens: first fit, longest first (no item is split)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i in order:
+        if lengths[i] > width:
+            raise ValueError(f"An item of {lengths[i]} tokens does not fit a row of {width}.")
+        for r, room in enumerate(free):
+            if lengths[i] <= room:
+                rows[r].append(i)
+                free[r] -= lengths[i]
+                break
+        else:
+            rows.append([i])
+            free.append(width - lengths[i])
+    return rows
+
+
+def packed_batches(items: Sequence[Item], batch_size: int) -> list[list[int]]:
+    """Indices of ``items`` sorted by length, cut every ``batch_size`` items: packed
+    rows (:func:`packed_tensors`) waste little on mixed lengths, so batches can be
+    as large as allowed, and sorting keeps long items (wide rows) together."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
+    order = sorted(range(len(items)), key=lambda i: len(items[i].tokens))
+    return [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
+
+
+def packed_attention_mask(segment: Int[Tensor, "row col"], position: Int[Tensor, "row col"], window: int | None = None) -> Tensor:
+    """Boolean attention mask [row, 1, query, key] of packed rows: a token sees the
+    earlier tokens of its own segment (``window``: only those fewer than
+    ``window`` positions back, as a sliding-window layer does)."""
+    col = torch.arange(segment.shape[1], device=segment.device)
+    mask = (segment[:, :, None] == segment[:, None, :]) & (col[None, :] <= col[:, None])[None]
+    if window is not None:
+        mask &= (position[:, :, None] - position[:, None, :]) < window
+    return mask[:, None]
+
+
+def packed_tensors(model: Model, items: Sequence[Item], width: int | None = None):
+    """Items packed into rows (:func:`pack_rows`, rows ``max(PACK_WIDTH, longest
+    item)`` tokens wide unless ``width`` is given): token ids, position ids (from 0
+    in every item), attention mask (:func:`packed_attention_mask`; a dict by layer
+    type for models with sliding-window layers when a row is wider than the
+    window), and the (row, column) indices of the positions of interest, item by
+    item. Pads after the last item of a row are segments of their own."""
+    device = _device(model)
+    sizes = [len(it.tokens) for it in items]
+    width = max(PACK_WIDTH, *sizes) if width is None else width
+    rows = pack_rows(sizes, width)
+    n_cols = max(sum(sizes[i] for i in row) for row in rows)
+    tokens = torch.full((len(rows), n_cols), pad_id(model), dtype=torch.long)
+    position = torch.zeros((len(rows), n_cols), dtype=torch.long)
+    # Pads get segment ids above every item's, one per column, so each sees itself only.
+    segment = (len(items) + torch.arange(n_cols)).repeat(len(rows), 1)
+    where = [(0, 0)] * len(items)
+    for r, row in enumerate(rows):
+        col = 0
+        for i in row:
+            n = sizes[i]
+            tokens[r, col : col + n] = torch.tensor(items[i].tokens)
+            position[r, col : col + n] = torch.arange(n)
+            segment[r, col : col + n] = i
+            where[i] = (r, col)
+            col += n
+    rows_b = [where[i][0] for i, it in enumerate(items) for _ in it.positions]
+    rows_p = [where[i][1] + p for i, it in enumerate(items) for p in it.positions]
+    mask: Tensor | dict[str, Tensor] = packed_attention_mask(segment, position).to(device)
+    window = _sliding_window(model)
+    if window is not None and n_cols > window:
+        mask = {"full_attention": mask, "sliding_attention": packed_attention_mask(segment, position, window).to(device)}
+    return (
+        tokens.to(device),
+        position.to(device),
+        mask,
+        torch.tensor(rows_b, device=device),
+        torch.tensor(rows_p, device=device),
+    )
+
+
 @dataclass
 class PrefixGroup:
     """Items that share ``prefix`` (possibly empty): their indices in the input and
@@ -192,12 +283,17 @@ def _options(given: dict, allowed: dict) -> dict:
     return {**allowed, **given}
 
 
-def _run(model: Model, tokens: Tensor, mask: Tensor, hooks: list, prefix: SharedPrefix | None = None) -> None:
+def _run(
+    model: Model, tokens: Tensor, mask: Tensor | dict[str, Tensor], hooks: list, prefix: SharedPrefix | None = None,
+    position_ids: Tensor | None = None,
+) -> None:  # fmt: skip
     # logits_to_keep=1: the model's full-sequence logits are never needed (readouts
     # are recomputed at the positions of interest) and would cost
     # batch x seq x vocab floats.
     with run_attention(model):
-        if prefix is None:
+        if position_ids is not None:
+            model.run_with_hooks(tokens, attention_mask=mask, position_ids=position_ids, fwd_hooks=hooks, logits_to_keep=1)
+        elif prefix is None:
             model.run_with_hooks(tokens, attention_mask=mask, fwd_hooks=hooks, logits_to_keep=1)
         else:
             model.run_with_hooks(
@@ -228,6 +324,7 @@ def collect_residuals(
     *,
     skip_block: int | None = None,
     prefix: SharedPrefix | None = None,
+    pack: bool = False,
 ) -> Float[Tensor, "layer position d_model"]:
     """Residual vectors of one batch of items at their positions, for depths
     ``layers`` (default 0..L), as float32. Rows are ordered item by item, position
@@ -236,12 +333,20 @@ def collect_residuals(
     ``skip_block``: remove that block's update (``h_{b+1} := h_b``, the rest of the
     forward pass unchanged) before reading. ``prefix``: every item continues this
     already-run prefix; its tokens and positions count from the end of the prefix.
+    ``pack``: lay the items end to end in rows (:func:`packed_tensors`) instead of
+    one padded row each; not with a prefix.
     """
     n_blocks = int(model.cfg.n_layers)
     layers = list(range(n_blocks + 1)) if layers is None else list(layers)
     names = residual_hook_names(n_blocks)
     out_device = _out_device(model)
-    tokens, mask, bi, pi = batch_tensors(model, items)
+    if pack and prefix is not None:
+        raise ValueError("Packed rows cannot continue a shared prefix; pass pack=False.")
+    position_ids = None
+    if pack:
+        tokens, position_ids, mask, bi, pi = packed_tensors(model, items)
+    else:
+        tokens, mask, bi, pi = batch_tensors(model, items)
     out: dict[int, Tensor] = {}
 
     def grab(depth: int):
@@ -255,7 +360,7 @@ def collect_residuals(
     # before the grab on the same hook point reads it.
     hooks = [] if skip_block is None else _skip_hooks(int(skip_block))
     hooks += [(names[d], grab(d)) for d in layers]
-    _run(model, tokens, mask, hooks, prefix)
+    _run(model, tokens, mask, hooks, prefix, position_ids)
     return torch.stack([out[d] for d in layers])
 
 

@@ -35,6 +35,7 @@ from depthkit.capture import (
     batch_tensors,
     collect_residuals,
     length_batches,
+    packed_batches,
     residual_hook_names,
     shared_prefix_groups,
 )
@@ -413,10 +414,13 @@ def trajectories(
     workspace = Workspace()
     for group in groups:
         prefix = encode_prefix(model, group.prefix) if group.prefix else None
-        for local in length_batches(group.items, batch_size):
+        # Items that continue a shared prefix run in padded rows over its cache;
+        # the rest are packed end to end.
+        cut = length_batches(group.items, batch_size) if prefix else packed_batches(group.items, batch_size)
+        for local in cut:
             batch = [group.indices[j] for j in local]
             chunk_items = [items[i] for i in batch]
-            resid = collect_residuals(model, [group.items[j] for j in local], needed, prefix=prefix)
+            resid = collect_residuals(model, [group.items[j] for j in local], needed, prefix=prefix, pack=prefix is None)
             extra = None
             if names:
                 extra = torch.tensor([[it.targets[n][k] for n in names] for it in chunk_items for k in range(len(it.positions))])
