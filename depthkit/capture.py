@@ -191,17 +191,16 @@ def packed_attention_mask(segment: Int[Tensor, "row col"], position: Int[Tensor,
     return mask[:, None]
 
 
-def packed_tensors(model: Model, items: Sequence[Item], width: int | None = None):
-    """Items packed into rows (:func:`pack_rows`, rows ``max(PACK_WIDTH, longest
-    item)`` tokens wide unless ``width`` is given): token ids, position ids (from 0
+def packed_tensors(model: Model, items: Sequence[Item], rows: list[list[int]] | None = None):
+    """Items packed into rows (``rows`` from :func:`pack_rows`, by default rows
+    ``max(PACK_WIDTH, longest item)`` tokens wide): token ids, position ids (from 0
     in every item), attention mask (:func:`packed_attention_mask`; a dict by layer
     type for models with sliding-window layers when a row is wider than the
     window), and the (row, column) indices of the positions of interest, item by
     item. Pads after the last item of a row are segments of their own."""
     device = _device(model)
     sizes = [len(it.tokens) for it in items]
-    width = max(PACK_WIDTH, *sizes) if width is None else width
-    rows = pack_rows(sizes, width)
+    rows = pack_rows(sizes, max(PACK_WIDTH, *sizes)) if rows is None else rows
     n_cols = max(sum(sizes[i] for i in row) for row in rows)
     tokens = torch.full((len(rows), n_cols), pad_id(model), dtype=torch.long)
     position = torch.zeros((len(rows), n_cols), dtype=torch.long)
@@ -348,8 +347,9 @@ def collect_residuals(
         raise ValueError("Packed rows cannot continue a shared prefix; pass pack=False.")
     position_ids = None
     sizes = [len(it.tokens) for it in items]
-    if pack and len(pack_rows(sizes, max(PACK_WIDTH, *sizes))) < len(items):
-        tokens, position_ids, mask, bi, pi = packed_tensors(model, items)
+    rows = pack_rows(sizes, max(PACK_WIDTH, *sizes)) if pack else []
+    if 0 < len(rows) < len(items):
+        tokens, position_ids, mask, bi, pi = packed_tensors(model, items, rows)
     else:
         tokens, mask, bi, pi = batch_tensors(model, items)
     out: dict[int, Tensor] = {}
