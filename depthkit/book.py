@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from depthkit import book_pages, plots
+from depthkit import book_pages, plots, tether
 from depthkit.book_site import ROOT, BookError, build_html, prepare_static, write_build_toc
 from depthkit.cache import atomic_write
 
@@ -42,7 +42,7 @@ KERNEL_NAME = "depthkit-python"
 _VERSIONED_PACKAGES = ("torch", "transformer-lens", "transformers", "altair", "papermill", "numpy", "pandas")
 # The runner itself runs outside the chapters' kernels: editing it does not
 # change what a chapter computes.
-_RUNNER_FILES = {"book.py", "book_pages.py", "book_site.py", "cli.py", "kernel_peak.py", "publish.py"}
+_RUNNER_FILES = {"book.py", "book_pages.py", "book_site.py", "cli.py", "publish.py", "tether.py"}
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # tqdm's notebook bars are widgets whose saved text is the bar as first drawn
 # ("  0%|   | 0/3"): without the widget's live updates it would mislead.
@@ -215,15 +215,16 @@ def is_current(out_dir: Path, slug: str, digest: str) -> bool:
 def _kernel_of_this_interpreter(work_dir: Path, peak_file: Path | None = None) -> Iterator[str]:
     """Register, for the duration of the block, a kernelspec that starts
     ``sys.executable``: papermill then runs chapters in this very environment
-    whatever kernels the user has installed. With ``peak_file``, the kernel runs
-    under depthkit/kernel_peak.py, which writes its peak resident memory there
-    when it exits."""
+    whatever kernels the user has installed. The kernel runs under
+    depthkit/tether.py, so it stops when the runner does, however the runner is
+    stopped; with ``peak_file`` the tether writes the kernel's peak resident memory
+    and CPU time there when it exits."""
     spec_dir = Path(work_dir) / "jupyter" / "kernels" / KERNEL_NAME
     spec_dir.mkdir(parents=True, exist_ok=True)
     spec = {
         # The kernel's own log (e.g. a notice about TCP transport) is noise in a build.
         "argv": [
-            *([sys.executable, str(PACKAGE_DIR / "kernel_peak.py"), str(peak_file), "--"] if peak_file else []),
+            sys.executable, str(tether.SCRIPT), *(["--usage", str(peak_file)] if peak_file else []), "--",
             sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", "--IPKernelApp.log_level=ERROR",
         ],  # fmt: skip
         "display_name": "Python (depthkit)",
@@ -344,7 +345,7 @@ def execute_chapter(
 
 def _kernel_usage(path: Path) -> dict[str, float | None]:
     """The kernel's peak resident memory (MB) and CPU time (s), as
-    depthkit/kernel_peak.py wrote them when the kernel exited (None where it could
+    depthkit/tether.py wrote them when the kernel exited (None where it could
     not: a kernel killed at shutdown)."""
     try:
         usage = json.loads(Path(path).read_text(encoding="utf-8"))

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from depthkit import plots
+from depthkit import plots, tether
 from depthkit.cache import atomic_write
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,7 +97,8 @@ def build_html(root: Path, toc: Path, log: Path) -> tuple[Path, int]:
     # jupyter_book.cli has no __main__; call its click group from this interpreter.
     launcher = "import sys; from jupyter_book.cli.main import main; sys.exit(main())"
     cmd = [sys.executable, "-c", launcher, "build", str(root), "--toc", str(toc), "-q"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root)
+    # Tethered: stopping the runner, even by SIGKILL, stops the build too.
+    proc = tether.run(cmd, cwd=root)
     text = proc.stdout + proc.stderr
     Path(log).write_text(text, encoding="utf-8")
     if proc.returncode != 0:

@@ -12,7 +12,9 @@ Parameters are checked against the chapter's spec before anything runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -185,8 +187,24 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Stopped(KeyboardInterrupt):
+    """A stop signal (SIGTERM, SIGHUP) raised where the runner is, so it unwinds like
+    Ctrl-C: papermill keeps the partial notebook and shuts its kernel down."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, _frame: object) -> None:
+    raise Stopped(signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # Python's default for these is to die on the spot, skipping every cleanup.
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _raise_stopped)
     try:
         return args.func(args)
     except (book.BookError, ParameterError, ModelLoadError) as err:
@@ -196,9 +214,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError as err:  # a missing optional package says how to install it
         print(f"depthkit {args.command}: {err}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(f"depthkit {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:
+        signum = err.signum if isinstance(err, Stopped) else signal.SIGINT
+        with contextlib.suppress(OSError):  # a closed terminal (SIGHUP) cannot be written to
+            print(f"depthkit {args.command}: stopped by {signal.Signals(signum).name}", file=sys.stderr)
+        return 128 + signum
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import logging
 import os
 import shutil
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,8 +14,52 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# Every process this session starts inherits the mark, however deep, so the
+# session can find at its end anything it started that is still running.
+SESSION_MARK = "DEPTHKIT_TEST_SESSION"
+os.environ[SESSION_MARK] = uuid.uuid4().hex
 
 import pytest  # noqa: E402
+
+
+def processes_of_this_session() -> list[Any]:
+    """Live processes (zombies excluded) other than this one that carry this
+    session's mark in their environment: whatever the tests started and left."""
+    import psutil
+
+    mark, me, found = os.environ[SESSION_MARK], os.getpid(), []
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid != me and proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(SESSION_MARK) == mark:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The suite leaves no process behind: anything still running a few seconds
+    after the last test fails the session, is named, and is then killed."""
+    import psutil
+
+    left = processes_of_this_session()
+    _, left = psutil.wait_procs(left, timeout=5)
+    left = [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if not left:
+        if reporter:
+            reporter.write_line("leftover processes: none")
+        return
+    lines = []
+    for proc in left:
+        try:
+            lines.append(f"  pid {proc.pid}: {' '.join(proc.cmdline())[:200]}")
+            proc.kill()
+        except psutil.Error:
+            continue
+    if reporter:
+        reporter.write_line("leftover processes (killed now; a test leaked them):\n" + "\n".join(lines), red=True)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -4,7 +4,10 @@ Uses tiny throwaway notebooks, never the real chapters."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -255,7 +258,9 @@ def test_repository_toc_lists_every_chapter_in_registry_order() -> None:
 
 def test_build_toc_keeps_order_and_drops_empty_part(tmp_path: Path) -> None:
     (tmp_path / "_toc.yml").write_text((REPO / "_toc.yml").read_text())
-    toc = yaml.safe_load(book_site.write_build_toc(tmp_path, ["03_fact_recall", "01_guess_then_refine"], tmp_path / "b.yml").read_text())
+    toc = yaml.safe_load(
+        book_site.write_build_toc(tmp_path, ["03_fact_recall", "01_guess_then_refine"], tmp_path / "b.yml").read_text()
+    )
     chapters = next(p for p in toc["parts"] if p["caption"] == "Chapters")["chapters"]
     assert chapters == [{"file": "book/chapters/03_fact_recall"}, {"file": "book/chapters/01_guess_then_refine"}]
     assert toc["root"] == "book/intro"
@@ -300,20 +305,83 @@ def test_bundle_carries_the_three_libraries_in_its_own_scope() -> None:
 # --------------------------------------------------------------------------- measured runs: stamps, box, run table
 
 
-def test_kernel_peak_measures_the_child_it_ran(tmp_path: Path) -> None:
+def test_the_tether_measures_the_child_it_ran(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from depthkit import kernel_peak
+    from depthkit import tether
 
     out = tmp_path / "peak.json"
-    script = Path(kernel_peak.__file__)
     grow = "x = bytearray(300_000_000); x[::4096] = b'1' * len(x[::4096])"  # touch every page: resident
-    proc = subprocess.run([sys.executable, str(script), str(out), "--", sys.executable, "-c", grow + "; raise SystemExit(3)"])
+    cmd = [sys.executable, str(tether.SCRIPT), "--usage", str(out), "--", sys.executable, "-c", grow + "; raise SystemExit(3)"]
+    proc = subprocess.run(cmd)
     assert proc.returncode == 3  # the child's exit status is passed on
     usage = json.loads(out.read_text())
     assert 300 < usage["peak_rss_mb"] < 600 and 0 < usage["cpu_s"] < 30
-    assert kernel_peak.peak_mb(1000, "linux") == 1.0 and kernel_peak.peak_mb(2_000_000, "darwin") == 2.0
+    assert tether.peak_mb(1000, "linux") == 1.0 and tether.peak_mb(2_000_000, "darwin") == 2.0
+
+
+def _tethered_sleeper(tmp_path: Path) -> tuple[Any, int, int]:
+    """A parent (started here) that starts a tethered sleeper and then sleeps too:
+    (parent process, tether pid, sleeper pid)."""
+    import subprocess
+    import sys
+
+    from depthkit import tether
+
+    pids = tmp_path / "pids"
+    # The sleeper starts a grandchild of its own: the tether must stop the whole group.
+    sleeper = f"import os, subprocess, sys, time; g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{g.pid}}'); time.sleep(600)"
+    parent_code = f"import subprocess, sys, time; subprocess.Popen([sys.executable, {str(tether.SCRIPT)!r}, '--', sys.executable, '-c', {sleeper!r}]); time.sleep(600)"
+    parent = subprocess.Popen([sys.executable, "-c", parent_code])
+    deadline = time.monotonic() + 30
+    while not (pids.is_file() and pids.read_text().count(" ") == 1) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    child, grandchild = (int(x) for x in pids.read_text().split())
+    return parent, child, grandchild
+
+
+def _gone(pids: list[int], timeout: float) -> bool:
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        if not alive:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_tethered_command_and_its_children_stop_when_the_parent_is_killed(tmp_path: Path) -> None:
+    import signal
+
+    parent, child, grandchild = _tethered_sleeper(tmp_path)
+    try:
+        assert not _gone([child, grandchild], 1.0)  # alive while the parent lives
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        assert _gone([child, grandchild], 6.0)  # poll interval + SIGTERM's grace, with room
+    finally:
+        for pid in (child, grandchild):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_the_tether_passes_a_stop_signal_on_to_its_command(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    from depthkit import tether
+
+    code = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(7)); print('ready', flush=True); time.sleep(60)"
+    proc = subprocess.Popen(
+        [sys.executable, str(tether.SCRIPT), "--", sys.executable, "-c", code], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 7  # the command handled it and its exit status came back
 
 
 def test_a_run_records_time_and_peak_memory_and_its_page_opens_with_them(chapter: ToyChapter, tmp_path: Path) -> None:
@@ -333,7 +401,7 @@ def test_a_run_records_time_and_peak_memory_and_its_page_opens_with_them(chapter
     assert book_pages.BOX_TAG in box.metadata["tags"] and box.source.startswith(":::{admonition}")
     assert book_pages.memory(stamp["peak_rss_mb"]) in box.source and book_pages.duration(stamp["elapsed_s"]) in box.source
     assert f"({book_pages.duration(stamp['cpu_s'])} of CPU time)" in box.source
-    assert "`n = 5`\\*" in box.source and "`model = \"m\"`" in box.source  # n differs from the notebook's 1
+    assert "`n = 5`\\*" in box.source and '`model = "m"`' in box.source  # n differs from the notebook's 1
     assert str(tmp_path) not in box.source
     # A warm rebuild reuses the notebook, and with it the box of the run that made it.
     before = first.notebook.read_bytes()
