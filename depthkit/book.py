@@ -16,8 +16,6 @@ frequency tables): after changing those, rebuild with ``--force``.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import importlib.metadata
 import json
 import os
 import re
@@ -30,19 +28,21 @@ from typing import Any, Protocol
 
 import yaml
 
-from depthkit import book_pages, plots, tether
+from depthkit import book_pages, plots, reference, tether, verdicts
 from depthkit.book_site import ROOT, BookError, build_html, prepare_static, write_build_toc
 from depthkit.cache import atomic_write
+from depthkit.stamps import (
+    is_current,
+    output_paths,
+    read_stamp,
+    results_digest,
+    run_hash,
+    source_fingerprint,
+)
 
 __all__ = ["ROOT", "BookError", "build_book", "chapter_params", "execute_chapter", "run_chapter"]
 
-PACKAGE_DIR = Path(__file__).resolve().parent
 KERNEL_NAME = "depthkit-python"
-# Packages whose version changes what a chapter computes or shows.
-_VERSIONED_PACKAGES = ("torch", "transformer-lens", "transformers", "altair", "papermill", "numpy", "pandas")
-# The runner itself runs outside the chapters' kernels: editing it does not
-# change what a chapter computes.
-_RUNNER_FILES = {"book.py", "book_pages.py", "book_site.py", "cli.py", "publish.py", "tether.py"}
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # tqdm's notebook bars are widgets whose saved text is the bar as first drawn
 # ("  0%|   | 0/3"): without the widget's live updates it would mislead.
@@ -136,76 +136,6 @@ def chapter_params(
 
         params.update(validate_run(chapter, params))  # type: ignore[arg-type]
     return params
-
-
-def results_digest(results_root: Path) -> str:
-    """Hash of every complete run's manifest under ``results_root``: it changes
-    whenever any model's saved results do (a manifest is written last, once per
-    finished run)."""
-    from depthkit.results import MANIFEST
-
-    digest = hashlib.sha256()
-    root = Path(results_root)
-    for path in sorted(root.glob(f"*/*/{MANIFEST}")):
-        digest.update(path.relative_to(root).as_posix().encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
-# --------------------------------------------------------------------------- stamps
-
-
-def source_fingerprint() -> str:
-    """Hash of depthkit's code and data files (but the runner's) and of the
-    versions of the packages that shape results: a change to any of them makes
-    every chapter stale."""
-    digest = hashlib.sha256()
-    for path in sorted(PACKAGE_DIR.rglob("*")):
-        rel = path.relative_to(PACKAGE_DIR).as_posix()
-        if rel in _RUNNER_FILES or rel.startswith("exercises/"):  # no chapter imports the exercises
-            continue
-        if path.is_file() and path.suffix in {".py", ".json", ".jsonl"} and "__pycache__" not in path.parts:
-            digest.update(path.relative_to(PACKAGE_DIR).as_posix().encode())
-            digest.update(path.read_bytes())
-    for name in _VERSIONED_PACKAGES:
-        try:
-            version = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            version = "-"
-        digest.update(f"{name}=={version}".encode())
-    return digest.hexdigest()
-
-
-def run_hash(notebook: Path, params: dict[str, Any], fingerprint: str | None = None, inputs: str = "") -> str:
-    """What an executed chapter depends on: its notebook, parameters, depthkit's code,
-    and ``inputs`` (for chapters that read other chapters' saved results)."""
-    digest = hashlib.sha256()
-    digest.update(Path(notebook).read_bytes())
-    digest.update(json.dumps(params, sort_keys=True, default=str).encode())
-    digest.update((fingerprint if fingerprint is not None else source_fingerprint()).encode())
-    digest.update(inputs.encode())
-    return digest.hexdigest()
-
-
-def output_paths(out_dir: Path, slug: str) -> tuple[Path, Path, Path]:
-    """(executed notebook, stamp, partial notebook) of a chapter."""
-    out_dir = Path(out_dir)
-    return out_dir / f"{slug}.ipynb", out_dir / f"{slug}.stamp.json", out_dir / f"{slug}.partial.ipynb"
-
-
-def read_stamp(path: Path) -> dict[str, Any] | None:
-    try:
-        stamp = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return stamp if isinstance(stamp, dict) else None
-
-
-def is_current(out_dir: Path, slug: str, digest: str) -> bool:
-    """True when the executed notebook exists and its stamp matches ``digest``."""
-    executed, stamp_path, _ = output_paths(out_dir, slug)
-    stamp = read_stamp(stamp_path)
-    return executed.is_file() and stamp is not None and stamp.get("hash") == digest
 
 
 # --------------------------------------------------------------------------- execution
@@ -377,6 +307,7 @@ def build_book(
     echo: Echo = print,
     extra: dict[str, Any] | None = None,
     execute: bool = True,
+    references: Path | None = reference.REFERENCE_ROOT,
 ) -> Path:
     """Execute ``chapters`` (skipping unchanged ones), then build the HTML book
     under ``root/_build/html``. Returns the path of index.html.
@@ -384,7 +315,10 @@ def build_book(
     ``extra``: parameters for every chapter that takes them (e.g. dtype, device).
     ``execute=False`` builds the HTML from the executed notebooks as they are (for
     example after ``depthkit run 04 --model other``), refreshing only the chapters
-    that read saved results (07) when those results changed."""
+    that read saved results (07) when those results changed.
+    ``references``: the folder of reference runs (:mod:`depthkit.reference`) whose
+    other models join the book, installed before chapter 07 reads the results;
+    None leaves them out."""
     root = Path(root).resolve()
     results_root = Path(results_root or os.environ.get("DEPTHKIT_RESULTS") or root / "results").resolve()
     out_dir = root / "book" / "chapters"
@@ -404,6 +338,8 @@ def build_book(
             else:
                 echo(f"      {c.id} {c.title}: never executed, left out (run `depthkit run {c.id}`)")
         planned = kept
+    refs = reference.find(references, [c for c, _ in planned]) if references else []
+    ref_pages = reference.install(refs, out_dir, results_root, skip_model=model, echo=echo)
     for i, (chapter, params) in enumerate(planned, 1):
         if not execute and not getattr(chapter, "reads_results", False):
             continue
@@ -428,7 +364,9 @@ def build_book(
     write_exercise_pages(root / "book" / "exercises")
     # The teaching page includes this table: the runs behind the pages of this build.
     book_pages.write_run_table(root / "book", [(c, read_stamp(output_paths(out_dir, c.slug)[1])) for c, _ in planned])
-    toc = write_build_toc(root, [c.slug for c, _ in planned], build_dir / "_toc.yml")
+    # The findings page judges the paper's claims from every model's saved results.
+    verdicts.write_findings_page(root / "book", results_root)
+    toc = write_build_toc(root, [c.slug for c, _ in planned], build_dir / "_toc.yml", ref_pages)
     index, warnings = build_html(root, toc, build_dir / "book-build.log")
     note = f", {warnings} Sphinx warning(s) in {build_dir / 'book-build.log'}" if warnings else ""
     echo(f"      done in {book_pages.duration(time.perf_counter() - start)}{note}")

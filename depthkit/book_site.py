@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,18 +60,23 @@ def prepare_static(static_dir: Path, repo: Path = ROOT) -> Path:
     return static_dir
 
 
-def write_build_toc(root: Path, slugs: Sequence[str], out: Path) -> Path:
+def write_build_toc(
+    root: Path, slugs: Sequence[str], out: Path, reference_pages: Mapping[str, Sequence[str]] | None = None
+) -> Path:
     """Copy ``root/_toc.yml`` to ``out`` with the chapter entries (files under
-    book/chapters/) replaced by ``slugs`` in the given order; a part left with no
-    entries is dropped."""
+    book/chapters/) replaced by ``slugs`` in the given order, followed by one part per
+    model of ``reference_pages`` ({model: [paths under book/chapters/]}); a part left
+    with no entries is dropped."""
     toc = yaml.safe_load((Path(root) / "_toc.yml").read_text(encoding="utf-8"))
     wanted = [{"file": f"book/chapters/{slug}"} for slug in slugs]
     placed = False
     parts = []
     for part in toc.get("parts", []):
         entries = []
+        holds_chapters = False
         for entry in part.get("chapters", []):
             if str(entry.get("file", "")).startswith("book/chapters/"):
+                holds_chapters = True
                 if not placed:
                     entries.extend(wanted)
                     placed = True
@@ -79,6 +84,11 @@ def write_build_toc(root: Path, slugs: Sequence[str], out: Path) -> Path:
                 entries.append(entry)
         if entries:
             parts.append({**part, "chapters": entries})
+        if holds_chapters:
+            parts += [
+                {"caption": f"Reference runs: {model}", "chapters": [{"file": f"book/chapters/{p}"} for p in pages]}
+                for model, pages in (reference_pages or {}).items()
+            ]
     if wanted and not placed:
         raise BookError(f"{Path(root) / '_toc.yml'} has no entry under book/chapters/ to place the chapters at.")
     toc["parts"] = parts

@@ -14,12 +14,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from depthkit import book
+from depthkit import book, reference
 from depthkit.chapters import CHAPTERS, Chapter, available_chapters, chapter
 from depthkit.models import DEFAULT_MODEL, ModelLoadError
 from depthkit.params import ParameterError
@@ -85,6 +86,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise book.BookError(f"{clash[0]} is given both as --{clash[0].replace('_', '-')} and as -p {clash[0]}=...; give it once.")
     extra.update(_placement(args))
     (ch,) = _select(args.chapter)
+    if args.reference:
+        return _keep_reference(ch, args.model, extra, args.smoke, _results_root(args.results), _command(args))
     root = _book_root(args.root)
     print(f"depthkit run: chapter {ch.id} ({ch.title})")
     result = book.run_chapter(
@@ -93,6 +96,47 @@ def _cmd_run(args: argparse.Namespace) -> int:
     )
     print(f"done in {result.elapsed_s:.1f} s; executed notebook: {result.notebook}")
     print(f"To see it in the book: depthkit book --no-execute{' --root ' + str(root) if args.root else ''}")
+    return 0
+
+
+def _command(args: argparse.Namespace) -> str:
+    return "depthkit " + " ".join(shlex.quote(a) for a in args.argv)
+
+
+def _keep_reference(ch: Chapter, model: str, params: dict, smoke: bool, results_root: Path, command: str) -> int:
+    """Run ``ch`` on ``model`` in a work folder (the book's own page of the chapter is
+    not replaced) and keep it as a reference run."""
+    if ch.reads_results:
+        raise book.BookError(f"Chapter {ch.id} reads the other chapters' results; it is rebuilt by every book, not kept.")
+    work = book.ROOT / "_build" / "reference-work"
+    (work / "book" / "chapters").mkdir(parents=True, exist_ok=True)
+    print(f"depthkit run: chapter {ch.id} ({ch.title}) on {model}, kept as a reference run")
+    result = book.run_chapter(
+        ch.id, model, smoke=smoke, root=work, results_root=results_root, progress=sys.stderr.isatty(), **params
+    )
+    kept = reference.save(ch, model, result.notebook.parent, results_root, command)
+    print(f"done in {result.elapsed_s:.1f} s; reference run kept in {kept}")
+    return 0
+
+
+def _cmd_reference(args: argparse.Namespace) -> int:
+    """Re-execute reference runs (every model's, or --model's) with the parameters
+    they were made with, and keep them."""
+    existing = reference.find()
+    models = args.model or sorted({r.model for r in existing})
+    if not models:
+        raise book.BookError("No reference run exists yet; make one with `depthkit run NN --model NAME --reference`.")
+    chapters = [c for c in _select(args.chapters) if not c.reads_results]
+    made = {(r.model, r.chapter.id): r for r in existing}
+    for model in models:
+        for ch in chapters:
+            old = made.get((model, ch.id))
+            if args.stale_only and old is not None and not old.is_stale():
+                print(f"{model} {ch.id}: unchanged since its reference run, not executed")
+                continue
+            params = {k: v for k, v in (old.stamp.get("params", {}) if old else {}).items() if k not in ("model", "results_root")}
+            args.argv = ["run", ch.id, "--model", model, "--reference", *(x for k, v in params.items() for x in ("-p", f"{k}={v}"))]
+            _keep_reference(ch, model, params, False, _results_root(args.results), _command(args))
     return 0
 
 
@@ -167,7 +211,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--smoke", action="store_true", help="start from the chapter's smoke parameters")
     p.add_argument("--results", help=results_help)
     p.add_argument("--root", help="folder whose book/chapters/ receives the executed notebook (default: the repository)")
+    p.add_argument(
+        "--reference", action="store_true",
+        help="keep the run in reference/<model>/ with its provenance; the book then shows it beside the default model",
+    )  # fmt: skip
     p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("reference", help="re-execute the reference runs kept in reference/ (every model's by default)")
+    p.add_argument("--model", action="append", help="only this model (repeatable); a model with none yet gets every chapter")
+    p.add_argument("--chapters", help="comma-separated chapter ids (default: every chapter)")
+    p.add_argument("--stale-only", action="store_true", help="only the runs whose chapter code changed since")
+    p.add_argument("--results", help=results_help)
+    p.set_defaults(func=_cmd_reference)
 
     p = sub.add_parser("list", help="list the chapters and their last run")
     p.add_argument("--root", help=root_help)
@@ -202,6 +257,7 @@ def _raise_stopped(signum: int, _frame: object) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     # Python's default for these is to die on the spot, skipping every cleanup.
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _raise_stopped)

@@ -286,12 +286,16 @@ def headlines(model: str, key: str, results_root: str | Path | None = None) -> A
     ``value_norm``/``lo_norm``/``hi_norm`` (layers divided by the model's L, other
     quantities as they are). Raises depthkit.results.ResultsError when the run is
     missing or incomplete."""
-    import numpy as np
-
     from depthkit.results import load_run
 
     ch = chapter(key)
-    run = load_run(model, ch.slug, root=results_root)
+    return run_headlines(load_run(model, ch.slug, root=results_root), ch).assign(model=model)
+
+
+def run_headlines(run: Any, ch: Chapter) -> Any:
+    """:func:`headlines` of a run already loaded (without ``model``)."""
+    import numpy as np
+
     out = chapter_module(ch).headlines(run)
     missing = [c for c in HEADLINE_COLUMNS if c not in out.columns]
     if missing:
@@ -299,7 +303,7 @@ def headlines(model: str, key: str, results_root: str | Path | None = None) -> A
     n_blocks = int(run.model["n_blocks"])
     scale = np.where(out["scale"] == "layer", 1.0 / n_blocks, 1.0)
     return out[HEADLINE_COLUMNS].assign(
-        model=model, chapter=ch.id, n_blocks=n_blocks,
+        chapter=ch.id, n_blocks=n_blocks,
         value_norm=out["value"] * scale, lo_norm=out["lo"] * scale, hi_norm=out["hi"] * scale,
     )
 

@@ -1,14 +1,17 @@
 """Chapter 07 (across models): every saved chapter run of every model, read through
 the chapters' own :func:`depthkit.chapters.headlines`, on normalised depth ℓ/L,
-beside the paper's reference rows."""
+beside the paper's reference rows, with the verdicts of :mod:`depthkit.verdicts`
+and the caveats of the quantities those verdicts read."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 
+from depthkit import verdicts
 from depthkit.chapters import CHAPTERS, headlines, paper_reference
 from depthkit.results import ResultsError, list_runs
 
@@ -63,10 +66,22 @@ def _cell(value: float, lo: float, hi: float) -> str:
     return f"{value:.2f}" + ("" if math.isnan(lo) else f" [{lo:.2f}, {hi:.2f}]")
 
 
+def with_caveats(table: pd.DataFrame, caveats: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with ``caveat`` (the verdicts' reasons for each of our rows that a
+    short-falling check reads, else "") and ``testable`` (False where a check could
+    not test its claim on that model)."""
+    keyed = caveats.groupby(["model", "quantity"]).agg(caveat=("caveat", "; ".join), testable=("testable", "all"))
+    out = table.drop(columns=["caveat", "testable"], errors="ignore").join(keyed, on=["model", "quantity"])
+    ours = out["source"] == OURS
+    return out.assign(caveat=out["caveat"].where(ours).fillna(""), testable=out["testable"].where(ours).fillna(True).astype(bool))
+
+
 def wide_table(table: pd.DataFrame) -> pd.DataFrame:
     """Quantity × model (paper rows as "paper (reference): <model>"), each cell the
-    value with its 95 % interval."""
+    value with its 95 % interval, and "†" where a caveat applies (:func:`caveat_text`)."""
     shown = [_cell(*r) for r in table[["value", "lo", "hi"]].itertuples(index=False)]
+    if "caveat" in table:
+        shown = [s + (" †" if c else "") for s, c in zip(shown, table["caveat"])]
     who = np.where(table["source"] == PAPER_SOURCE, PAPER_SOURCE + ": " + table["model"], table["model"])
     wide = table.assign(shown=shown, who=who).pivot_table(index="quantity", columns="who", values="shown", aggfunc="first")
     return wide.fillna("")
@@ -77,8 +92,10 @@ def depth_rows(table: pd.DataFrame) -> pd.DataFrame:
     ("<chapter> · <quantity>", in chapter order): ours, once per model and quantity
     (chapters 02 and 05 both report the patching transitions), and the paper's value
     of the same quantity on each of our rows it describes (a per-task or
-    per-direction quantity "X (task)" is described by the paper's X)."""
-    ours = table[(table["source"] == OURS) & (table["scale"] == "layer")].drop_duplicates(["quantity", "model"])
+    per-direction quantity "X (task)" is described by the paper's X). Rows a
+    verdict found untestable on their model (``testable`` False) are left out."""
+    testable = table["testable"] if "testable" in table else True
+    ours = table[(table["source"] == OURS) & (table["scale"] == "layer") & testable].drop_duplicates(["quantity", "model"])
     ours = ours.sort_values("chapter", kind="stable").assign(row=lambda d: d["chapter"] + " · " + d["quantity"])
     rows = ours[["quantity", "row"]].drop_duplicates("row")
     rows = rows.assign(base=rows["quantity"].str.replace(r" \(.*\)$", "", regex=True))
@@ -96,8 +113,26 @@ def missing_text(missing: list[tuple[str, str]], unreadable: list[tuple[str, str
     return "### Missing results\n\n" + ("\n".join(lines) if lines else "None: every model has every chapter.")
 
 
-def summary(table: pd.DataFrame, models: list[str]) -> str:
-    """One line per model: ℓ*/L, the early-exit saving, function vs content onsets."""
+def caveat_text(caveats: pd.DataFrame) -> str:
+    """The caveats behind every "†" of the table, model by model; untestable rows
+    are also the ones left out of the chart."""
+    if caveats.empty:
+        return "### Caveats\n\nNone: every verdict's checks show their claim as the paper states it, or were not measured."
+    lines = []
+    for model, g in caveats.groupby("model", sort=False):
+        for (caveat, testable), q in g.groupby(["caveat", "testable"], sort=False)["quantity"]:
+            left_out = "" if testable else " (left out of the chart)"
+            lines.append(f"* **{model}**, {', '.join(q)}{left_out}: {caveat}.")
+    return "### Caveats\n\n" + "\n".join(lines)
+
+
+def _verdict(found: Sequence[verdicts.Finding], model: str, rule: str) -> verdicts.Verdict | None:
+    return next((f.verdict for f in found if f.verdict.model == model and f.rule.name == rule), None)
+
+
+def summary(table: pd.DataFrame, models: list[str], found: Sequence[verdicts.Finding] = ()) -> str:
+    """One line per model: the verdicts' tally, ℓ*/L, the early-exit saving,
+    function vs content onsets (with their verdicts where ``found`` has them)."""
     ours = table[table["source"] == OURS]
 
     def first(model: str, test) -> pd.Series | None:
@@ -107,9 +142,16 @@ def summary(table: pd.DataFrame, models: list[str]) -> str:
     paper = table[table["source"] == PAPER_SOURCE].set_index("quantity")["value"]
     lines = []
     for m in models:
-        part = []
+        mine = [f.verdict.outcome for f in found if f.verdict.model == m]
+        part = [", ".join(f"{mine.count(o)} {o}" for o in verdicts.OUTCOMES) + " of the claims"] if mine else []
         star = first(m, lambda q: q.startswith("ℓ*"))
-        part.append(f"ℓ*/L = {star['value']:.2f} ({star['quantity']})" if star is not None else "no ℓ* (chapter 05 missing)")
+        phase = _verdict(found, m, "residual phase change")
+        if star is not None:
+            part.append(f"ℓ*/L = {star['value']:.2f} ({star['quantity']})")
+        elif phase is not None and phase.checks:
+            part.append(f"no ℓ*: {phase.reason}")
+        else:
+            part.append("no ℓ* (chapter 05 missing)")
         saving = first(m, lambda q: "confidence policy" in q)
         if saving is None:
             part.append("no early-exit result (chapter 06 missing)")
@@ -121,10 +163,12 @@ def summary(table: pd.DataFrame, models: list[str]) -> str:
             ref = ""
             if {"rank-1 onset, function words", "rank-1 onset, content words"} <= set(paper.index):
                 ref = f" (paper: {paper['rank-1 onset, function words']:.2f} vs {paper['rank-1 onset, content words']:.2f})"
-            part.append(f"function vs content words reach rank 1 at {fw['value']:.2f} vs {cw['value']:.2f} of the depth{ref}")
+            gap = _verdict(found, m, "function words before content words")
+            judged = f" — {gap.outcome}: {gap.reason}" if gap is not None else ""
+            part.append(f"function vs content words reach rank 1 at {fw['value']:.2f} vs {cw['value']:.2f} of the depth{ref}{judged}")
         lines.append(f"* **{m}**: " + "; ".join(part) + ".")
     return "\n".join(lines) + (
         "\n\nThe embedded models are 4-bit quantised small models (see each run's manifest), not the paper's "
-        "7–8B models; each chapter's lens and layer convention are recorded in its manifest. Compare positions on ℓ/L, "
-        "not exact values."
+        "GPT2-XL (1.5B parameters, 48 blocks), Pythia-6.9B, Llama-2-7B and Llama-3-8B (32 blocks each); each chapter's lens "
+        "and layer convention are recorded in its manifest. Compare positions on ℓ/L, not exact values."
     )
