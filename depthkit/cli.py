@@ -86,8 +86,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise book.BookError(f"{clash[0]} is given both as --{clash[0].replace('_', '-')} and as -p {clash[0]}=...; give it once.")
     extra.update(_placement(args))
     (ch,) = _select(args.chapter)
-    if args.reference:
-        return _keep_reference(ch, args.model, extra, args.smoke, _results_root(args.results), _command(args))
+    if args.reference or args.variant:
+        return _keep_reference(ch, args.model, extra, args.smoke, _results_root(args.results), _command(args), args.variant)
     root = _book_root(args.root)
     print(f"depthkit run: chapter {ch.id} ({ch.title})")
     result = book.run_chapter(
@@ -103,40 +103,52 @@ def _command(args: argparse.Namespace) -> str:
     return "depthkit " + " ".join(shlex.quote(a) for a in args.argv)
 
 
-def _keep_reference(ch: Chapter, model: str, params: dict, smoke: bool, results_root: Path, command: str) -> int:
+def _keep_reference(
+    ch: Chapter, model: str, params: dict, smoke: bool, results_root: Path, command: str, variant: str | None = None
+) -> int:
     """Run ``ch`` on ``model`` in a work folder (the book's own page of the chapter is
-    not replaced) and keep it as a reference run."""
+    not replaced) and keep it as a reference run, or as robustness run ``variant``."""
     if ch.reads_results:
         raise book.BookError(f"Chapter {ch.id} reads the other chapters' results; it is rebuilt by every book, not kept.")
     work = book.ROOT / "_build" / "reference-work"
     (work / "book" / "chapters").mkdir(parents=True, exist_ok=True)
-    print(f"depthkit run: chapter {ch.id} ({ch.title}) on {model}, kept as a reference run")
+    kind = f"robustness run '{variant}'" if variant else "reference run"
+    print(f"depthkit run: chapter {ch.id} ({ch.title}) on {model}, kept as a {kind}")
+    results_root = reference.variant_root(results_root, variant)
     result = book.run_chapter(
         ch.id, model, smoke=smoke, root=work, results_root=results_root, progress=sys.stderr.isatty(), **params
     )
-    kept = reference.save(ch, model, result.notebook.parent, results_root, command)
-    print(f"done in {result.elapsed_s:.1f} s; reference run kept in {kept}")
+    kept = reference.save(ch, model, result.notebook.parent, results_root, command, variant=variant)
+    print(f"done in {result.elapsed_s:.1f} s; kept in {kept}")
     return 0
 
 
 def _cmd_reference(args: argparse.Namespace) -> int:
-    """Re-execute reference runs (every model's, or --model's) with the parameters
-    they were made with, and keep them."""
-    existing = reference.find()
-    models = args.model or sorted({r.model for r in existing})
-    if not models:
-        raise book.BookError("No reference run exists yet; make one with `depthkit run NN --model NAME --reference`.")
+    """Re-execute the kept runs (every model's and variant's, or those selected) with
+    the parameters they were made with; a model given with none kept yet gets every
+    chapter with its defaults."""
     chapters = [c for c in _select(args.chapters) if not c.reads_results]
-    made = {(r.model, r.chapter.id): r for r in existing}
-    for model in models:
-        for ch in chapters:
-            old = made.get((model, ch.id))
-            if args.stale_only and old is not None and not old.is_stale():
-                print(f"{model} {ch.id}: unchanged since its reference run, not executed")
-                continue
-            params = {k: v for k, v in (old.stamp.get("params", {}) if old else {}).items() if k not in ("model", "results_root")}
-            args.argv = ["run", ch.id, "--model", model, "--reference", *(x for k, v in params.items() for x in ("-p", f"{k}={v}"))]
-            _keep_reference(ch, model, params, False, _results_root(args.results), _command(args))
+    wanted = {c.id for c in chapters}
+    kept = [
+        r for r in reference.find()
+        if r.chapter.id in wanted and (not args.model or r.model in args.model) and (args.variant in (None, r.variant))
+    ]  # fmt: skip
+    todo = [(r.model, r.chapter, r.variant, r) for r in kept]
+    # A variant is defined by the parameters it was first made with, so only plain
+    # reference runs are made from nothing here.
+    for model in args.model if args.variant is None else []:
+        have = {r.chapter.id for r in kept if r.model == model and r.variant is None}
+        todo += [(model, c, None, None) for c in chapters if c.id not in have]
+    if not todo:
+        raise book.BookError("No kept run matches; make one with `depthkit run NN --model NAME --reference`.")
+    for model, ch, variant, old in todo:
+        if args.stale_only and old is not None and not old.is_stale():
+            print(f"{model} {ch.id}{f' ({variant})' if variant else ''}: unchanged since it was kept, not executed")
+            continue
+        params = {k: v for k, v in (old.stamp.get("params", {}) if old else {}).items() if k not in ("model", "results_root")}
+        args.argv = ["run", ch.id, "--model", model, "--reference", *(["--variant", variant] if variant else [])]
+        args.argv += [x for k, v in params.items() for x in ("-p", f"{k}={v}")]
+        _keep_reference(ch, model, params, False, _results_root(args.results), _command(args), variant)
     return 0
 
 
@@ -215,11 +227,16 @@ def _parser() -> argparse.ArgumentParser:
         "--reference", action="store_true",
         help="keep the run in reference/<model>/ with its provenance; the book then shows it beside the default model",
     )  # fmt: skip
+    p.add_argument(
+        "--variant", metavar="NAME",
+        help="keep it as robustness run NAME (e.g. logit, with -p lens=logit): the findings page's robustness column",
+    )  # fmt: skip
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("reference", help="re-execute the reference runs kept in reference/ (every model's by default)")
     p.add_argument("--model", action="append", help="only this model (repeatable); a model with none yet gets every chapter")
     p.add_argument("--chapters", help="comma-separated chapter ids (default: every chapter)")
+    p.add_argument("--variant", metavar="NAME", help="only robustness run NAME (made first with `depthkit run NN --variant NAME -p ...`)")
     p.add_argument("--stale-only", action="store_true", help="only the runs whose chapter code changed since")
     p.add_argument("--results", help=results_help)
     p.set_defaults(func=_cmd_reference)

@@ -12,6 +12,11 @@ NAME --reference`` (or ``depthkit reference`` for every saved one), and lives in
   sidecars of that model;
 * ``run/``: the saved result tables and manifest (:mod:`depthkit.results`).
 
+A robustness run (the same model under another lens, layer convention or lens seed,
+``--variant NAME``) is kept the same way under ``reference/_robustness/NAME/`` and
+installed under ``<results>/_robustness/NAME/``, where :mod:`depthkit.verdicts`
+reads it for the findings page's robustness column; it gets no page of its own.
+
 ``depthkit book`` installs them: the tables into the results root (where chapter
 07 and the findings page read every model), unless a run of the user's own is
 already there, and the pages as a part of the book per model, each opening with a
@@ -34,6 +39,7 @@ from depthkit import book_pages, stamps
 from depthkit.book_site import ROOT, BookError
 from depthkit.cache import atomic_dir, atomic_write, cache_dir
 from depthkit.results import ResultsError, load_run, model_slug
+from depthkit.verdicts import ROBUSTNESS_DIR
 
 REFERENCE_ROOT = ROOT / "reference"
 # Put in a results folder installed from a reference run: a later install may
@@ -48,6 +54,7 @@ class ReferenceRun:
     chapter: Any
     folder: Path
     stamp: dict[str, Any]
+    variant: str | None = None
 
     @property
     def provenance(self) -> dict[str, Any]:
@@ -102,9 +109,18 @@ def provenance(chapter: Any, model: str, stamp: dict[str, Any], command: str) ->
     }
 
 
-def save(chapter: Any, model: str, pages: Path, results_root: Path, command: str, dest: Path = REFERENCE_ROOT) -> Path:
+def variant_root(root: Path, variant: str | None) -> Path:
+    """Where a variant's runs live under a reference or results folder."""
+    return Path(root) / ROBUSTNESS_DIR / variant if variant else Path(root)
+
+
+def save(
+    chapter: Any, model: str, pages: Path, results_root: Path, command: str, dest: Path = REFERENCE_ROOT,
+    variant: str | None = None,
+) -> Path:  # fmt: skip
     """Keep the run of ``chapter`` on ``model`` that the runner just wrote (its page in
-    ``pages``, its tables under ``results_root``) as a reference run; returns its folder."""
+    ``pages``, its tables under ``results_root``, already the variant's) as a
+    reference run, or as a robustness run under ``variant``; returns its folder."""
     executed, stamp_path, _ = stamps.output_paths(pages, chapter.slug)
     stamp = stamps.read_stamp(stamp_path)
     if stamp is None or not executed.is_file():
@@ -114,7 +130,7 @@ def save(chapter: Any, model: str, pages: Path, results_root: Path, command: str
     except ResultsError as err:
         raise BookError(f"Chapter {chapter.id} on {model}: its results cannot be kept as a reference run: {err}") from None
     stamp = {**stamp, "provenance": provenance(chapter, model, stamp, command)}
-    target = Path(dest) / model_slug(model) / chapter.slug
+    target = variant_root(dest, variant) / model_slug(model) / chapter.slug
     with atomic_dir(target) as tmp:
         shutil.copyfile(executed, tmp / "page.ipynb")
         shutil.copytree(run.path, tmp / "run")
@@ -123,18 +139,21 @@ def save(chapter: Any, model: str, pages: Path, results_root: Path, command: str
 
 
 def find(dest: Path = REFERENCE_ROOT, chapters: Sequence[Any] | None = None) -> list[ReferenceRun]:
-    """Every reference run under ``dest``, by model then chapter order."""
+    """Every reference run under ``dest``, by model then chapter, then every
+    robustness run, by variant."""
     from depthkit.chapters import CHAPTERS
 
     known = {c.slug: c for c in (chapters if chapters is not None else CHAPTERS.values())}
     found = []
-    for stamp_path in sorted(Path(dest).glob("*/*/stamp.json")):
-        folder = stamp_path.parent
-        stamp = stamps.read_stamp(stamp_path)
-        if folder.name not in known or stamp is None or not (folder / "page.ipynb").is_file():
-            continue
-        model = str(stamp.get("params", {}).get("model") or folder.parent.name)
-        found.append(ReferenceRun(model, known[folder.name], folder, stamp))
+    for pattern in ("*/*/stamp.json", f"{ROBUSTNESS_DIR}/*/*/*/stamp.json"):
+        for stamp_path in sorted(Path(dest).glob(pattern)):
+            folder = stamp_path.parent
+            stamp = stamps.read_stamp(stamp_path)
+            if folder.name not in known or stamp is None or not (folder / "page.ipynb").is_file():
+                continue
+            model = str(stamp.get("params", {}).get("model") or folder.parent.name)
+            variant = folder.parent.parent.name if pattern.startswith(ROBUSTNESS_DIR) else None
+            found.append(ReferenceRun(model, known[folder.name], folder, stamp, variant))
     return found
 
 
@@ -152,17 +171,26 @@ def box(ref: ReferenceRun, stale: bool) -> str:
         now = (
             ":class: warning\n\n" + made + " **The chapter's code has changed since** (its notebook, depthkit's code "
             "or a package that shapes the results): its numbers are those of the older code. Re-run it with "
-            f"`depthkit run {ref.chapter.id} --model {ref.model} --reference`."
+            f"`{_rerun(ref)}`."
         )
     else:
         now = ":class: note\n\n" + made + " The chapter's code has not changed since that run."
     return ":::{admonition} Reference run\n" + now + "\n:::"
 
 
+def _kind(ref: ReferenceRun) -> str:
+    return f"robustness run '{ref.variant}'" if ref.variant else "reference run"
+
+
+def _rerun(ref: ReferenceRun) -> str:
+    variant = f" --variant {ref.variant}" if ref.variant else ""
+    return f"depthkit reference --model {ref.model} --chapters {ref.chapter.id}{variant}"
+
+
 def _install_results(ref: ReferenceRun, results_root: Path) -> bool:
     """Copy the run's tables into the results root unless the user's own run of the
     same model and chapter is there; True when copied."""
-    target = Path(results_root) / model_slug(ref.model) / ref.folder.name
+    target = variant_root(results_root, ref.variant) / model_slug(ref.model) / ref.folder.name
     if target.exists() and not (target / MARK).is_file():
         return False
     mark = {"reference": str(ref.folder), "hash": ref.stamp.get("hash")}
@@ -194,20 +222,22 @@ def install(
     refs: Sequence[ReferenceRun], pages: Path, results_root: Path, skip_model: str, echo: Callable[[str], None] = print
 ) -> dict[str, list[str]]:
     """Install the reference runs of every model but ``skip_model`` (the one this
-    build executes); returns {model: [page paths under ``pages``]}. Warns about
-    stale ones and about runs the user's own results take precedence over."""
+    build executes) and every robustness run; returns {model: [page paths under
+    ``pages``]}. Warns about stale ones and about runs the user's own results take
+    precedence over."""
     fingerprint = stamps.source_fingerprint()
     parts: dict[str, list[str]] = {}
     for ref in refs:
-        if model_slug(ref.model) == model_slug(skip_model):
+        if ref.variant is None and model_slug(ref.model) == model_slug(skip_model):
             continue
         stale = ref.is_stale(fingerprint)
         if stale:
             echo(
-                f"      warning: the reference run of chapter {ref.chapter.id} on {ref.model} predates a change to its "
-                f"code; re-run it with `depthkit run {ref.chapter.id} --model {ref.model} --reference`"
+                f"      warning: the {_kind(ref)} of chapter {ref.chapter.id} on {ref.model} predates a change to its "
+                f"code; re-run it with `{_rerun(ref)}`"
             )
         if not _install_results(ref, results_root):
             echo(f"      {ref.model} {ref.chapter.slug}: your own saved run is used, not the reference run's tables")
-        parts.setdefault(ref.model, []).append(_install_page(ref, pages, stale))
+        if ref.variant is None:
+            parts.setdefault(ref.model, []).append(_install_page(ref, pages, stale))
     return parts

@@ -107,3 +107,19 @@ def test_the_build_toc_gets_a_part_per_reference_model(tmp_path):
     captions = [p["caption"] for p in parts]
     assert captions.index(f"Reference runs: {MODEL}") == captions.index("Chapters") + 1
     assert parts[captions.index(f"Reference runs: {MODEL}")]["chapters"] == [{"file": f"book/chapters/{MODEL}/01_guess_then_refine"}]
+
+
+def test_a_robustness_run_is_kept_and_installed_where_the_verdicts_read_it(made, tmp_path):
+    from depthkit.verdicts import ROBUSTNESS_DIR, robustness_roots
+
+    ch, pages, results = made
+    dest = tmp_path / "reference"
+    kept = reference.save(ch, MODEL, pages, results, "depthkit run 91 --variant logit -p lens=logit", dest, variant="logit")
+    assert kept == dest / ROBUSTNESS_DIR / "logit" / MODEL / ch.slug
+    (ref,) = reference.find(dest, [ch])
+    assert ref.variant == "logit" and "--variant logit" in reference.box(ref, True)
+    build = tmp_path / "build-results"
+    parts = reference.install([ref], tmp_path / "pages-out", build, skip_model=MODEL)
+    assert parts == {}  # no page of its own, even for the model this build runs
+    assert robustness_roots(build) == [build / ROBUSTNESS_DIR / "logit"]
+    assert load_run(MODEL, ch.slug, build / ROBUSTNESS_DIR / "logit").manifest["status"] == "complete"
