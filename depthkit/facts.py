@@ -182,14 +182,19 @@ def fact_onsets(ranks: pd.DataFrame, ks: Sequence[int] | None = None) -> pd.Data
     return on.merge(carry, on=["item", "position"])
 
 
-def onset_table(onsets: pd.DataFrame, k: int = 1, by: Sequence[str] = ("token", "correct"), n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+def onset_table(
+    onsets: pd.DataFrame, k: int = 1, by: Sequence[str] = ("token", "correct"), n_boot: int = 1000, seed: int = 0,
+    *, censor_at: float | None = None,
+) -> pd.DataFrame:
     """Mean onset layer at one ``k`` per group (``by``), over the tokens that reach
     rank ≤ k, with a bootstrap interval (:func:`depthkit.metrics.onset_curve`):
-    ``[*by, mean_onset, lo, hi, n_reached, n_items]``."""
+    ``[*by, mean_onset, lo, hi, n_reached, n_items]``; with ``censor_at`` (the output
+    row L) the mean is over onsets before it, and ``n_censored``, ``censored``,
+    ``censored_lo``, ``censored_hi`` count the rest."""
     from depthkit.metrics import onset_curve
 
     sub = onsets[onsets["k"] == int(k)]
     if sub.empty:
         raise ValueError(f"No onsets at k = {k}; compute fact_onsets with this k in ks.")
-    out = onset_curve(sub, by=list(by), n_boot=n_boot, seed=seed)
+    out = onset_curve(sub, by=list(by), n_boot=n_boot, seed=seed, censor_at=censor_at)
     return out.drop(columns="k")

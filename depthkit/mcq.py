@@ -178,9 +178,11 @@ def build_prompts(
     """Few-shot prompts of one embedded task.
 
     Returns DataFrame[task, example, prompt, options (list of continuation
-    strings, one per column), gold (int), labels, permuted]; ``example`` is the row
-    of the source data set (MMLU test / GLUE validation). ``n`` examples drawn with
-    ``seed`` (all if there are fewer). ``subjects`` restricts MMLU.
+    strings, one per column), gold (int), labels, permuted, demo_set]; ``example`` is
+    the row of the source data set (MMLU test / GLUE validation); ``demo_set`` names
+    the demonstrations a prompt shares with others (MMLU's subject; one set for every
+    other task), the unit an interval resamples. ``n`` examples drawn with ``seed``
+    (all if there are fewer). ``subjects`` restricts MMLU.
     """
     task = str(task).lower()
     if task not in TASKS:
@@ -200,6 +202,7 @@ def build_prompts(
         demos_by_subject = {s: _mmlu_examples(g.head(shots)) for s, g in dev.groupby("subject")}
         queries = _mmlu_examples(rows)
         demo_lists = [demos_by_subject[s] for s in rows.subject]
+        demo_sets = list(rows.subject)
         headers = [f"The following are multiple choice questions (with answers) about {s.replace('_', ' ')}." for s in rows.subject]
         n_options = 4
     elif task in choice_sets.SETS or task in WORD_TASKS:
@@ -213,6 +216,7 @@ def build_prompts(
         take = np.sort(rng.choice(rest, size=min(int(n), len(rest)), replace=False))
         queries = [ex[i] for i in take]
         demo_lists = [[ex[i] for i in demo_idx]] * len(take)
+        demo_sets = [task] * len(take)
         headers = [choice_sets.header(task.removesuffix(WORDS))] * len(take)
         n_options = len(ex[0].options)
     else:
@@ -225,6 +229,7 @@ def build_prompts(
         take = np.sort(rng.choice(rest, size=min(int(n), len(rest)), replace=False))
         queries = [ex[i] for i in take]
         demo_lists = [[ex[i] for i in demo_idx]] * len(take)
+        demo_sets = [task] * len(take)
         headers = [_GLUE[task]["header"]] * len(take)
         n_options = 2
     labs = _label_set(labels, task, n_options)
@@ -237,7 +242,7 @@ def build_prompts(
     records = []
     # ``example`` is the row of the source data set, also where a filter left gaps.
     source_rows = pool.index.to_numpy()[take]
-    for ex_id, q, demos, header in zip(source_rows.tolist(), queries, demo_lists, headers):
+    for ex_id, q, demos, header, demo_set in zip(source_rows.tolist(), queries, demo_lists, headers, demo_sets):
         parts = [header, ""]
         for d, o in zip(demos, demo_orders):
             text, opts, g = render(d, labs, o)
@@ -253,6 +258,7 @@ def build_prompts(
                 "gold": int(g),
                 "labels": labels if isinstance(labels, str) else ",".join(labs or ()),
                 "permuted": bool(permute),
+                "demo_set": str(demo_set),
             }
         )
     return pd.DataFrame(records)
@@ -338,7 +344,8 @@ def option_ranks(
     ``prompts``; ``top1_is_option``: the lens top-1 token is one of the options.
     With ``return_trajectories``, also the :class:`Trajectories` of each task (targets
     ``opt0``.. and ``gold``; its ``item`` is the position within the task), e.g. for
-    :func:`depthkit.early_exit.early_exit_table`.
+    :func:`depthkit.early_exit.early_exit_table`. A ``demo_set`` column of
+    ``prompts`` is carried along.
     """
     if "option_ids" not in prompts.columns:
         prompts = add_option_ids(model, prompts)
@@ -370,6 +377,9 @@ def option_ranks(
     out["example"] = prompts.loc[out["item"], "example"].to_numpy()
     out["is_gold"] = out["option"].to_numpy() == prompts.loc[out["item"], "gold"].to_numpy()
     cols = ["task", "item", "example", "layer", "option", "token_id", "rank", "prob", "is_gold", "top1_is_option"]
+    if "demo_set" in prompts.columns:
+        out["demo_set"] = prompts.loc[out["item"], "demo_set"].to_numpy()
+        cols.append("demo_set")
     out = out[cols].sort_values(["item", "layer", "option"], kind="stable").reset_index(drop=True)
     return (out, trajs) if return_trajectories else out
 
@@ -478,6 +488,19 @@ def _decision_layer(m: np.ndarray, layers: np.ndarray, level: float) -> float:
     return first_layer_reaching(m.mean(0), layers, level, stay=True)
 
 
+def _demo_units(ranks: pd.DataFrame, items: pd.Index) -> tuple[np.ndarray | None, int]:
+    """``(units, sets)``: per item its demonstration set where the items hold more
+    than one (prompts sharing demonstrations are not independent), else None (each
+    prompt its own unit); ``sets`` counts the named sets (0: none named, e.g. a file)."""
+    if "demo_set" not in ranks.columns:
+        return None, 0
+    sets = ranks.groupby("item")["demo_set"].first().reindex(items)
+    named = int(sets.nunique())
+    if named < 2:
+        return None, named
+    return sets.astype(object).where(sets.notna(), "prompt " + items.astype(str)).to_numpy(), named
+
+
 def layer_estimates(
     ranks: pd.DataFrame,
     *,
@@ -492,11 +515,17 @@ def layer_estimates(
     with every option in the top-|O| reaches ``collect_level`` × its peak over
     layers) and the *decision layer* (earliest layer from which the share whose
     most probable option equals the model's answer stays ≥ ``decide_level``), each
-    with a percentile bootstrap interval over prompts
-    (:func:`depthkit.stats.bootstrap_ci`), plus the peak collection share, the
-    layer it is reached at and the number of blocks L.
+    with a percentile bootstrap interval (:func:`depthkit.stats.bootstrap_layer`),
+    plus the peak collection share, the layer it is reached at and the number of
+    blocks L.
+
+    The interval resamples demonstration sets (``demo_set`` of the ranks) as
+    clusters where a task has more than one; where all prompts share one set
+    (``demo_sets`` = 1) it resamples prompts and so covers prompt variation only.
+    ``*_mode_share`` and ``*_censored_share``: the share of resamples at a
+    zero-width interval's layer and at the output row L (:class:`depthkit.stats.LayerCI`).
     """
-    from depthkit.stats import bootstrap_ci
+    from depthkit.stats import bootstrap_layer
 
     for name, v in (("collect_level", collect_level), ("decide_level", decide_level)):
         if not 0 < v <= 1:
@@ -508,9 +537,11 @@ def layer_estimates(
         agree = g.pivot(index="item", columns="layer", values="agrees_final").sort_index(axis=1)
         layers = coll.columns.to_numpy()
         cm, am = coll.to_numpy(dtype=float), agree.to_numpy(dtype=float)
+        units, sets = _demo_units(ranks, coll.index)
+        kw = dict(n_boot=n_boot, seed=seed, level=level, min_n=min_n, units=units, grid=layers, censor_at=float(layers.max()))
         idx = np.arange(len(coll), dtype=float)
-        c_ci = bootstrap_ci(idx, stat=lambda i: _collection_layer(cm[i.astype(int)], layers, collect_level), n_boot=n_boot, seed=seed, level=level, dropna=False, min_n=min_n)
-        d_ci = bootstrap_ci(idx, stat=lambda i: _decision_layer(am[i.astype(int)], layers, decide_level), n_boot=n_boot, seed=seed, level=level, dropna=False, min_n=min_n)
+        c_ci = bootstrap_layer(idx, lambda i: _collection_layer(cm[i.astype(int)], layers, collect_level), **kw)
+        d_ci = bootstrap_layer(idx, lambda i: _decision_layer(am[i.astype(int)], layers, decide_level), **kw)
         curve = cm.mean(0)
         rows.append(
             {
@@ -525,6 +556,12 @@ def layer_estimates(
                 "decision_hi": d_ci.hi,
                 "n_layers": int(layers.max()),
                 "n": int(len(coll)),
+                "demo_sets": sets,
+                "collection_mode_share": c_ci.mode_share,
+                "collection_censored_share": c_ci.censored_share,
+                "decision_mode_share": d_ci.mode_share,
+                "decision_censored_share": d_ci.censored_share,
+                "step": c_ci.step,
             }
         )
     return pd.DataFrame(rows)

@@ -71,6 +71,7 @@ def label_buckets(steps: pd.DataFrame, freq: pd.DataFrame, *, edges: Sequence[in
 def _rate(hits: np.ndarray, n_boot: int, seed: int, level: float, min_n: int) -> dict[str, float]:
     """The share of 0/1 ``hits``, their count, and with ``n_boot`` its interval
     (the hits resampled)."""
+    hits = np.asarray(hits, dtype=bool)  # a share: exact bounds at 0/n and n/n (stats.bootstrap_ci)
     out = {"rate": float(hits.mean()), "hits": int(hits.sum())}
     if n_boot:
         ci = bootstrap_ci(hits, n_boot=n_boot, seed=seed, level=level, min_n=min_n)
@@ -259,12 +260,18 @@ def onset_curve(
     seed: int = 0,
     level: float = LEVEL,
     min_n: int = MIN_N,
+    censor_at: float | None = None,
 ) -> pd.DataFrame:
     """Mean onset layer per k (and group), over the items that ever reach rank ≤ k.
 
     ``onsets``: output of :func:`onset_layers`, optionally with grouping columns
     ``by`` merged in (e.g. ``tag``). Returns ``[*by, k, mean_onset, n_reached,
     n_items]`` (+ ``lo``/``hi`` with ``n_boot > 0``, resampling the reaching items).
+
+    ``censor_at``: the output row L. An onset there means "not before the output",
+    not a measurement: ``mean_onset`` then averages the onsets before it only, and
+    ``n_censored`` and ``censored`` (the share of reaching items censored, with
+    ``censored_lo``/``censored_hi`` when ``n_boot > 0``) say how many were left out.
     """
     by = list(by)
     _require(onsets, [*by, "k", "onset"], "The onsets frame")
@@ -273,15 +280,22 @@ def onset_curve(
         key = key if isinstance(key, tuple) else (key,)
         v = g["onset"].to_numpy(dtype=float)
         reached = v[~np.isnan(v)]
+        at_output = reached >= censor_at if censor_at is not None else np.zeros(len(reached), dtype=bool)
+        before = reached[~at_output]
         row = dict(zip([*by, "k"], key))
         row.update(
-            mean_onset=float(reached.mean()) if len(reached) else np.nan,
+            mean_onset=float(before.mean()) if len(before) else np.nan,
             n_reached=len(reached),
             n_items=len(v),
         )
         if n_boot:
-            ci = bootstrap_ci(reached, n_boot=n_boot, seed=seed, level=level, min_n=min_n)
+            ci = bootstrap_ci(before, n_boot=n_boot, seed=seed, level=level, min_n=min_n)
             row.update(lo=ci.lo, hi=ci.hi)
+        if censor_at is not None:
+            row.update(n_censored=int(at_output.sum()), censored=float(at_output.mean()) if len(reached) else np.nan)
+            if n_boot:
+                share = bootstrap_ci(at_output, n_boot=n_boot, seed=seed, level=level, min_n=min_n)
+                row.update(censored_lo=share.lo, censored_hi=share.hi)
         rows.append(row)
     out = pd.DataFrame(rows)
     out["k"] = out["k"].astype(np.int64)

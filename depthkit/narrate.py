@@ -6,6 +6,8 @@ numbers show.
   (too few units), the text says it cannot be measured here.
 * A difference is stated as a finding only when its interval excludes zero;
   otherwise it is "no clear difference".
+* A layer reached only at the model's output is "the output, not before", never
+  "layer L of L"; a zero-width layer interval is "in N % of resamples" on its grid.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from depthkit.stats import LEVEL, MIN_N
+from depthkit.stats import LEVEL, MIN_N, LayerCI
 
 if TYPE_CHECKING:
     from depthkit.handles import ModelInfo
@@ -44,15 +46,55 @@ def share(value: float, lo: float = math.nan, hi: float = math.nan, *, digits: i
     return estimate(*scale, digits=digits, unit="%")
 
 
-def layer(value: float, lo: float = math.nan, hi: float = math.nan, *, n_blocks: int | None = None) -> str:
-    """A layer on the model's grid (whole layers; prose no finer than the grid):
-    ``"layer 12 of 30 (95 % CI 10–14)"``."""
+def _pct(x: float) -> str:
+    return f"{x:.0%}".replace("%", " %")
+
+
+def _grid(step: float) -> str:
+    return f"grid: {step:g} layer{'' if step == 1 else 's'}"
+
+
+def layer(
+    value: float | LayerCI,
+    lo: float = math.nan,
+    hi: float = math.nan,
+    *,
+    n_blocks: int | None = None,
+    mode_share: float = math.nan,
+    step: float = 1.0,
+    censored_share: float = math.nan,
+) -> str:
+    """A layer with its interval, in words that follow a preposition ("settled at …";
+    ``value`` may be a :class:`depthkit.stats.LayerCI`, whose fields fill the rest):
+
+    * ``"layer 12 of 30 (95 % CI 10–14)"``; a mean between layers keeps one decimal
+      where whole layers would show a zero-width interval: ``"layer 12.3 of 30 (95 % CI 12.1–12.4)"``;
+    * at row ``n_blocks``, the model's own output, never "layer 30 of 30": ``"the output,
+      not before (in 97 % of resamples)"``; an interval reaching it ends "to the output";
+    * a zero-width interval of a layer on the grid: ``"layer 1 of 30 in 97 % of
+      resamples (grid: 1 layer)"``.
+    """
+    if isinstance(value, LayerCI):
+        value, lo, hi, _, mode_share, step, censored_share = value
     if not _finite(value):
         return "—"
     of = f" of {n_blocks}" if n_blocks else ""
-    text = estimate(round(value), *(round(x) if _finite(x) else math.nan for x in (lo, hi)), digits=0)
-    head, _, rest = text.partition(" ")
-    return f"layer {head}{of} {rest}".rstrip()
+    resamples = f"in {_pct(censored_share)} of resamples" if _finite(censored_share) else ""
+    if n_blocks and round(value) >= n_blocks:
+        reach = f"{CI_LABEL} from layer {round(lo)}" if _finite(lo) and round(lo) < n_blocks else ""
+        note = "; ".join(x for x in (resamples, reach) if x)
+        return "the output, not before" + (f" ({note})" if note else "")
+    if _finite(lo, hi) and lo == hi:
+        seen = f"in {_pct(mode_share)} of resamples" if _finite(mode_share) else "in at least 95 % of resamples"
+        return f"layer {round(value)}{of} {seen} ({_grid(step)})"
+    digits = 1 if _finite(lo, hi) and round(lo) == round(hi) else 0
+    shown = f"{value:.{digits}f}" if digits else f"{round(value)}"
+    if not _finite(lo, hi):
+        return f"layer {shown}{of} ({NO_INTERVAL})"
+    top = "the output" if n_blocks and round(hi) >= n_blocks else f"{hi:.{digits}f}" if digits else f"{round(hi)}"
+    low = f"{lo:.{digits}f}" if digits else f"{round(lo)}"
+    sep = " to " if top == "the output" else "–"
+    return f"layer {shown}{of} ({CI_LABEL} {low}{sep}{top})"
 
 
 def excludes_zero(lo: float, hi: float) -> bool:

@@ -231,12 +231,13 @@ def transition_layer(
     layer from which the share of pairs whose output is ``to`` stays above the share
     that is ``against`` at every later layer (NaN if that never holds at the last
     layer swept). The interval resamples pairs (percentile bootstrap,
-    :func:`depthkit.stats.bootstrap_ci`).
+    :func:`depthkit.stats.bootstrap_layer`); ``mode_share``, ``censored_share`` (the
+    last layer swept, the output) and ``step`` as in :class:`depthkit.stats.LayerCI`.
 
     For a random-source control of the same task use ``column="follows", to="source",
     against="target"``.
     """
-    from depthkit.stats import bootstrap_ci
+    from depthkit.stats import bootstrap_layer
 
     need = {"pair", "layer", column}
     if not need <= set(sweep.columns):
@@ -254,6 +255,8 @@ def transition_layer(
 
     # A resample in which the shares never cross gives NaN, and then so does the
     # interval: an interval never hides that the crossing is unstable.
-    ci = bootstrap_ci(np.arange(len(wide), dtype=float), stat=stat, n_boot=n_boot, seed=seed, level=level, dropna=False, min_n=min_n)
-    return {"transition_layer": ci.estimate, "lo": ci.lo, "hi": ci.hi, "n_pairs": int(len(wide))}
+    ci = bootstrap_layer(np.arange(len(wide), dtype=float), stat, n_boot=n_boot, seed=seed, level=level, min_n=min_n,
+                         grid=layers, censor_at=float(layers.max()))
+    return {"transition_layer": ci.estimate, "lo": ci.lo, "hi": ci.hi, "n_pairs": int(len(wide)),
+            "mode_share": ci.mode_share, "censored_share": ci.censored_share, "step": ci.step}
 

@@ -2,9 +2,23 @@
 
 Convention: a 95 % percentile bootstrap interval, columns ``lo`` and ``hi``,
 resampling the independent unit the caller names (a prompt, a passage, a patching
-pair), never a finer one (tokens of the same passage are not independent). No
-interval is given from fewer than :data:`MIN_N` units: ``lo``/``hi`` are NaN then,
-and prose says "cannot be measured here" (see :mod:`depthkit.narrate`).
+pair), never a finer one (tokens of the same passage are not independent). Where
+rows share a unit (examples of one passage, prompts of one set of demonstrations),
+``units=`` resamples the units as clusters. No interval is given from fewer than
+:data:`MIN_N` units: ``lo``/``hi`` are NaN then, and prose says "cannot be measured
+here" (see :mod:`depthkit.narrate`).
+
+Two cases where a percentile interval would claim a precision it does not have:
+
+* a share (a mean of booleans) at 0/n or n/n: every resample repeats it, so the
+  interval is the exact binomial (Clopper–Pearson) one, :func:`binomial_bounds`;
+* a layer on an integer grid whose resamples put both percentiles on one layer:
+  :class:`LayerCI` keeps the share of resamples at that layer and the grid step.
+
+Row L, the model's own output, is censoring for a layer at which something is first
+reached: "at L" means "not before the output". :class:`LayerCI` counts the resamples
+at L, and :func:`censored_mean` averages only the items reached before it and
+reports the share of items that were not.
 """
 
 from __future__ import annotations
@@ -62,7 +76,39 @@ def interval(boots: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def _boot_stats(values: np.ndarray, stat: Stat, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+def binomial_bounds(k: int, n: int, level: float = LEVEL) -> tuple[float, float]:
+    """The exact (Clopper–Pearson) interval of a share of ``k`` hits in ``n`` units:
+    the interval for 0/n or n/n, where every bootstrap resample repeats the share."""
+    from scipy.stats import beta
+
+    if n < 1 or not 0 <= k <= n:
+        raise ValueError(f"binomial_bounds needs 0 <= k <= n and n >= 1, got k={k}, n={n}.")
+    alpha = (1 - level) / 2
+    lo = 0.0 if k == 0 else float(beta.ppf(alpha, k, n - k + 1))
+    hi = 1.0 if k == n else float(beta.ppf(1 - alpha, k + 1, n - k))
+    return lo, hi
+
+
+def _edge_share(v: np.ndarray, n_units: int, level: float) -> tuple[float, float] | None:
+    """Clopper–Pearson bounds for boolean ``v`` that are all False or all True (the
+    count is of units: clustered rows at 0/n are 0 of ``n_units`` independent units)."""
+    if v.dtype != bool or not len(v) or v.min() != v.max():
+        return None
+    return binomial_bounds(int(v[0]) * n_units, n_units, level)
+
+
+def _clusters(units: Sequence | np.ndarray | pd.Series) -> list[np.ndarray]:
+    """Row positions of each unit."""
+    codes, _ = pd.factorize(np.asarray(units), use_na_sentinel=False)
+    order = np.argsort(codes, kind="stable")
+    return np.split(order, np.cumsum(np.bincount(codes))[:-1])
+
+
+def _boot_stats(values: np.ndarray, stat: Stat, n_boot: int, rng: np.random.Generator,
+                clusters: list[np.ndarray] | None = None) -> np.ndarray:
+    if clusters is not None:
+        draws = (rng.integers(0, len(clusters), len(clusters)) for _ in range(n_boot))
+        return np.array([stat(values[np.concatenate([clusters[j] for j in d])]) for d in draws], dtype=float)
     idx = rng.integers(0, len(values), size=(n_boot, len(values)))
     samples = values[idx]
     try:
@@ -75,6 +121,33 @@ def _boot_stats(values: np.ndarray, stat: Stat, n_boot: int, rng: np.random.Gene
     return np.array([stat(s) for s in samples], dtype=float)
 
 
+def _bootstrap(
+    values: Sequence[float] | np.ndarray | pd.Series, stat: Stat, n_boot: int, seed: int, level: float,
+    dropna: bool, min_n: int, units: Sequence | np.ndarray | pd.Series | None,
+) -> tuple[np.ndarray, float, np.ndarray | None, int]:
+    """``(values, estimate, resampled statistics or None, number of units)``: the one
+    resampling loop behind :func:`bootstrap_ci` and :func:`bootstrap_layer`."""
+    _check(level, n_boot)
+    raw = np.asarray(values).ravel()
+    v = raw if raw.dtype == bool else raw.astype(float)
+    u = None if units is None else np.asarray(units).ravel()
+    if u is not None and len(u) != len(v):
+        raise ValueError(f"units has {len(u)} entries for {len(v)} values.")
+    if v.dtype != bool and np.isnan(v).any():
+        if not dropna:
+            raise ValueError("values contain NaN; drop them or pass dropna=True.")
+        keep = ~np.isnan(v)
+        v, u = v[keep], (None if u is None else u[keep])
+    clusters = None if u is None else _clusters(u)
+    n = len(v) if clusters is None else len(clusters)
+    if len(v) == 0:
+        return v, np.nan, None, 0
+    est = float(stat(v))
+    if n < min_n:
+        return v, est, None, n
+    return v, est, _boot_stats(v, stat, int(n_boot), np.random.default_rng(seed), clusters), n
+
+
 def bootstrap_ci(
     values: Sequence[float] | np.ndarray | pd.Series,
     stat: Stat = np.mean,
@@ -84,24 +157,21 @@ def bootstrap_ci(
     *,
     dropna: bool = True,
     min_n: int = MIN_N,
+    units: Sequence | np.ndarray | pd.Series | None = None,
 ) -> CI:
     """``stat(values)`` with its percentile bootstrap interval, each value being one
     independent unit (resampled with replacement ``n_boot`` times, generator seeded
-    with ``seed``). NaN values are dropped first unless ``dropna=False`` (then they
-    raise). Fewer than ``min_n`` values: the estimate only, ``lo``/``hi`` NaN."""
-    _check(level, n_boot)
-    v = np.asarray(values, dtype=float).ravel()
-    if np.isnan(v).any():
-        if not dropna:
-            raise ValueError("values contain NaN; drop them or pass dropna=True.")
-        v = v[~np.isnan(v)]
-    if len(v) == 0:
-        return CI(np.nan, np.nan, np.nan, 0)
-    est = float(stat(v))
-    if len(v) < min_n:
-        return CI(est, np.nan, np.nan, len(v))
-    lo, hi = interval(_boot_stats(v, stat, int(n_boot), np.random.default_rng(seed)), level)
-    return CI(est, lo, hi, len(v))
+    with ``seed``), or, with ``units`` (one label per value), whole units resampled as
+    clusters (``n`` then counts units). NaN values are dropped first unless
+    ``dropna=False`` (then they raise). Fewer than ``min_n`` units: the estimate
+    only, ``lo``/``hi`` NaN. A share (boolean ``values``, ``stat`` the mean) at 0/n
+    or n/n gets the exact binomial interval over the units."""
+    v, est, boots, n = _bootstrap(values, stat, n_boot, seed, level, dropna, min_n, units)
+    if boots is None:
+        return CI(est, np.nan, np.nan, n)
+    edge = _edge_share(v, n, level) if stat is np.mean else None
+    lo, hi = edge or interval(boots, level)
+    return CI(est, lo, hi, n)
 
 
 def bootstrap_ci_by(
@@ -114,15 +184,18 @@ def bootstrap_ci_by(
     level: float = LEVEL,
     *,
     min_n: int = MIN_N,
+    unit: str | None = None,
 ) -> pd.DataFrame:
     """:func:`bootstrap_ci` of column ``value`` within each group of ``by``, one row
-    one unit (groups resampled independently). Returns ``[*by, estimate, lo, hi, n]``."""
+    one unit, or with ``unit`` (a column) the rows of one unit resampled together
+    (groups resampled independently). Returns ``[*by, estimate, lo, hi, n]``."""
     by = [by] if isinstance(by, str) else list(by)
-    _require(df, [*by, value], "The frame")
+    _require(df, [*by, value, *([unit] if unit else [])], "The frame")
     rows = []
     for key, g in df.groupby(by, sort=True, observed=True):
         key = key if isinstance(key, tuple) else (key,)
-        ci = bootstrap_ci(g[value].to_numpy(), stat=stat, n_boot=n_boot, seed=seed, level=level, min_n=min_n)
+        units = None if unit is None else g[unit].to_numpy()
+        ci = bootstrap_ci(g[value].to_numpy(), stat=stat, n_boot=n_boot, seed=seed, level=level, min_n=min_n, units=units)
         rows.append({**dict(zip(by, key)), **ci._asdict()})
     return pd.DataFrame(rows, columns=[*by, "estimate", "lo", "hi", "n"])
 
@@ -140,7 +213,9 @@ def unit_mean(
 ) -> pd.DataFrame:
     """Mean of ``value`` over rows (e.g. tokens), with the interval from resampling
     whole ``unit``s (e.g. passages): the rows of one unit go in or out together.
-    Returns ``[*by, estimate, lo, hi, n, n_rows]`` where ``n`` counts units."""
+    Returns ``[*by, estimate, lo, hi, n, n_rows]`` where ``n`` counts units. A
+    boolean ``value`` is a share: at 0/n or n/n its interval is the exact binomial one
+    over the units."""
     by = [by] if isinstance(by, str) else list(by)
     _check(level, n_boot)
     _require(df, [*by, value, unit], "The frame")
@@ -156,9 +231,44 @@ def unit_mean(
         lo = hi = np.nan
         if n >= min_n:
             idx = np.random.default_rng(seed).integers(0, n, size=(int(n_boot), n))
-            lo, hi = interval(sums[idx].sum(1) / counts[idx].sum(1), level)
+            lo, hi = _edge_share(g[value].to_numpy(), n, level) or interval(sums[idx].sum(1) / counts[idx].sum(1), level)
         rows.append({**dict(zip(by, key)), "estimate": est, "lo": lo, "hi": hi, "n": n, "n_rows": len(g)})
     return pd.DataFrame(rows, columns=[*by, "estimate", "lo", "hi", "n", "n_rows"])
+
+
+def censored_mean(
+    df: pd.DataFrame,
+    value: str,
+    censor_at: float,
+    by: str | Sequence[str] = (),
+    *,
+    unit: str | None = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = LEVEL,
+    min_n: int = MIN_N,
+) -> pd.DataFrame:
+    """Mean of a layer ``value`` first reached per row, where reaching it only at
+    ``censor_at`` (the model's output row) is censoring: such a row is "not before the
+    output", not a measurement at that layer, so it is left out of the mean and
+    counted instead. Rows of one ``unit`` (default: each row its own) are resampled
+    together. Returns :func:`unit_mean`'s ``[*by, estimate, lo, hi, n, n_rows]`` over
+    the rows reached before ``censor_at`` (NaN where none is), plus the share of all
+    rows censored with its interval (``censored``, ``censored_lo``, ``censored_hi``)
+    and ``n_censored`` (rows at ``censor_at``). NaN values (never reached) count in
+    neither."""
+    by = [by] if isinstance(by, str) else list(by)
+    _require(df, [*by, value, *([unit] if unit else [])], "The frame")
+    d = df.dropna(subset=[value]).assign(_unit=lambda f: f[unit] if unit else np.arange(len(f)))
+    d["_censored"] = d[value].to_numpy(dtype=float) >= censor_at
+    kw = dict(by=by, n_boot=n_boot, seed=seed, level=level, min_n=min_n)
+    share = unit_mean(d, "_censored", "_unit", **kw).rename(columns={"estimate": "censored", "lo": "censored_lo", "hi": "censored_hi"})
+    share["n_censored"] = d.groupby(by, sort=True, observed=True)["_censored"].sum().to_numpy() if by else int(d["_censored"].sum())
+    before = unit_mean(d[~d["_censored"]], value, "_unit", **kw)
+    keep = [*by, "censored", "censored_lo", "censored_hi", "n_censored"]
+    out = share[keep].merge(before, on=by, how="left") if by else pd.concat([before.reindex([0]), share[keep]], axis=1)
+    out[["n", "n_rows"]] = out[["n", "n_rows"]].fillna(0).astype(np.int64)
+    return out[[*by, "estimate", "lo", "hi", "n", "n_rows", "censored", "censored_lo", "censored_hi", "n_censored"]]
 
 
 # ---------------------------------------------------------------------------
@@ -325,9 +435,73 @@ def layer_means(
     return pd.DataFrame({by: x, "mean": np.nanmean(curves, axis=0), "lo": lo, "hi": hi, "n": n})
 
 
+class LayerCI(NamedTuple):
+    """A layer with its bootstrap interval over ``n`` units, and what a percentile
+    interval cannot say on its own: ``mode_share``, where both percentiles fall on
+    one grid point, the share of resamples at that layer (a zero-width interval on a
+    grid of ``step`` layers is not a precise layer); ``censored_share``, the share of
+    resamples at the output row (reached only at the output: "not before the
+    output"), NaN where no output row was named."""
+
+    estimate: float
+    lo: float
+    hi: float
+    n: int
+    mode_share: float = np.nan
+    step: float = 1.0
+    censored_share: float = np.nan
+
+
+def _grid_step(grid: Sequence[float] | np.ndarray | None) -> float:
+    gaps = np.diff(np.unique(np.asarray(grid, dtype=float))) if grid is not None else np.array([])
+    return float(gaps.min()) if len(gaps) else 1.0
+
+
+def layer_ci(
+    estimate: float,
+    boots: np.ndarray | None,
+    n: int,
+    *,
+    grid: Sequence[float] | np.ndarray | None = None,
+    censor_at: float | None = None,
+    level: float = LEVEL,
+) -> LayerCI:
+    """The :class:`LayerCI` of a layer ``estimate`` from its resampled values
+    ``boots`` (None: no interval) on the layer ``grid`` (default: every layer);
+    ``censor_at``: the output row."""
+    step = _grid_step(grid)
+    if boots is None:
+        return LayerCI(float(estimate), np.nan, np.nan, n, step=step)
+    b = np.asarray(boots, dtype=float)
+    lo, hi = interval(b, level)
+    mode = float(np.mean(b == lo)) if np.isfinite(lo) and lo == hi else np.nan
+    censored = float(np.mean(b >= censor_at)) if censor_at is not None else np.nan
+    return LayerCI(float(estimate), lo, hi, n, mode, step, censored)
+
+
+def bootstrap_layer(
+    values: Sequence[float] | np.ndarray | pd.Series,
+    stat: Stat,
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = LEVEL,
+    *,
+    grid: Sequence[float] | np.ndarray | None = None,
+    censor_at: float | None = None,
+    min_n: int = MIN_N,
+    units: Sequence | np.ndarray | pd.Series | None = None,
+) -> LayerCI:
+    """:func:`bootstrap_ci` for a statistic that is a layer of ``grid`` (e.g. the first
+    layer a mean curve reaches a level, the values being item indices), as a
+    :class:`LayerCI`. NaN values raise: they are indices, not measurements."""
+    _, est, boots, n = _bootstrap(values, stat, n_boot, seed, level, False, min_n, units)
+    return layer_ci(est, boots, n, grid=grid, censor_at=censor_at, level=level)
+
+
 @dataclass(frozen=True)
 class LayerEstimate:
-    """A layer read off the mean curve over items, with its interval over items."""
+    """A layer read off the mean curve over items, with its interval over items
+    (``mode_share``, ``step``, ``censored_share``: as in :class:`LayerCI`)."""
 
     name: str
     estimate: float
@@ -335,6 +509,9 @@ class LayerEstimate:
     hi: float
     n: int
     n_boot: int
+    mode_share: float = np.nan
+    step: float = 1.0
+    censored_share: float = np.nan
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -351,20 +528,23 @@ def curve_estimate(
     seed: int = 0,
     level: float = LEVEL,
     min_n: int = MIN_N,
+    censor_at: float | None = None,
 ) -> LayerEstimate:
     """``estimator(x, mean_curve)`` on the mean curve of ``value`` over items, with
-    the interval of the same estimator on the mean curves of resampled items."""
+    the interval of the same estimator on the mean curves of resampled items.
+    ``censor_at``: the output row, where the estimator only finds what the output
+    gives (e.g. a level first reached there)."""
     _check(level, n_boot)
     x, curves = unit_curves(per_item, value, by)
     x = x.astype(float)
     point = estimator(x, np.nanmean(curves, axis=0))
     n = curves.shape[0]
-    lo = hi = np.nan
+    samples = None
     if n >= min_n:
         rng = np.random.default_rng(seed)
         samples = np.array([estimator(x, np.nanmean(curves[rng.integers(0, n, n)], axis=0)) for _ in range(int(n_boot))])
-        lo, hi = interval(samples, level)
-    return LayerEstimate(name or value, float(point), lo, hi, n, int(n_boot))
+    ci = layer_ci(point, samples, n, grid=x, censor_at=censor_at, level=level)
+    return LayerEstimate(name or value, ci.estimate, ci.lo, ci.hi, n, int(n_boot), ci.mode_share, ci.step, ci.censored_share)
 
 
 @dataclass(frozen=True)

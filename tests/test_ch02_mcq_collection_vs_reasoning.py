@@ -116,7 +116,8 @@ def test_headlines_name_task_and_direction():
                        "what": [ch.TRANSITION, "lens collection layer (mmlu)", ch.FOLLOWS],
                        "transition_layer": [12.0, 4.0, 9.0], "lo": [np.nan] * 3, "hi": [np.nan] * 3, "n_pairs": [4.0, np.nan, 4.0]})
     h = ch.headlines(FakeRun({"layer_estimates": est, "patching_transitions": pt}))
-    assert list(h.columns) == HEADLINE_COLUMNS
+    assert list(h.columns) == [*HEADLINE_COLUMNS, "censored"]
+    assert h["censored"].isna().all()  # a run saved before censoring was counted
     assert list(h["quantity"]) == ["MCQ options collected (mmlu)", "MCQ answer settled (mmlu)", "MCQ options collected (sst2)",
                                    "MCQ answer settled (sst2)", "patching transition (sst2 → mmlu)"]
     assert list(h["value"]) == [4.0, 20.0, 6.0, 22.0, 12.0] and list(h["n"]) == [16, 16, 4, 4, 4]
@@ -136,7 +137,9 @@ def test_control_summary_words_missing_and_measured_layers():
     acc = pd.DataFrame({"variant": ["original", "symbols"], "accuracy": [0.25, 0.5]})
     text = ch.control_summary(est, acc, "mmlu", 30)
     assert "collection layer: never reached, original: layer 28 of 30 (interval cannot be measured" in text
-    assert "original: layer 30 of 30 (95 % CI 29–30)" in text and "accuracy 50% (original 25%)" in text
+    # a decision layer at L = 30 is the output row: "not before the output", never "layer 30 of 30"
+    assert "original: the output, not before (95 % CI from layer 29)" in text and "accuracy 50% (original 25%)" in text
+    assert "of 30 (95 % CI 29–30)" not in text and "layer 30 of 30" not in text
     assert ch.control_summary(est.iloc[:1], acc.iloc[:1], "mmlu", 30) == "No controls were requested."
 
 
@@ -149,3 +152,53 @@ def test_patching_summary_without_a_control_says_why():
     assert ch.FOLLOWS not in set(tr["what"])
     text = ch.patching_summary(tr, sweep, ranks_frame(n_layers=6), 5, n_boot=50, seed=0)
     assert "cannot be measured here" in text and "same answer to all 50 sst2 prompts" in text
+
+
+def test_headlines_carry_the_share_of_resamples_at_the_output():
+    from depthkit import mcq
+
+    # the answer settles only at the last layer (4) for every prompt: censored in every resample
+    est = mcq.layer_estimates(ranks_frame(n_items=12, decide_at=4), n_boot=50, seed=0)
+    assert est["decision_layer"].iloc[0] == 4 and est["decision_censored_share"].iloc[0] == 1.0
+    pt = pd.DataFrame({"direction": ["a → b"], "what": [ch.TRANSITION], "transition_layer": [2.0], "lo": [1.0], "hi": [3.0],
+                       "n_pairs": [12.0], "censored_share": [0.0]})
+    h = ch.headlines(FakeRun({"layer_estimates": est, "patching_transitions": pt})).set_index("quantity")
+    assert h.loc["MCQ answer settled (mmlu)", "censored"] == 1.0 and h.loc["MCQ options collected (mmlu)", "censored"] == 0.0
+    assert h.loc["patching transition (a → b)", "censored"] == 0.0
+    text = ch.layer_summary(est, mcq.accuracy(ranks_frame(n_items=12, decide_at=4)), _prompts(12, balanced=False),
+                            ranks_frame(n_items=12, decide_at=4), 4, n_boot=50, seed=0)
+    assert "answer settled at the output, not before (in 100 % of resamples)" in text and "of 4 (95 % CI 4–4)" not in text
+    # both percentiles on layer 1 of the grid: the share of resamples there, not "95 % CI 1–1"
+    assert "options collected at layer 1 of 4 in 100 % of resamples (grid: 1 layer)" in text
+
+
+def _with_sets(r: pd.DataFrame, sets: int) -> pd.DataFrame:
+    return r.assign(demo_set=(r["item"] % sets).map(lambda k: f"set {k}"))
+
+
+def test_demonstration_sets_are_the_resampled_unit():
+    from depthkit import mcq
+
+    # prompts 0..19 settle at layer 3, prompts 20..39 at layer 1 (balanced=False: one answer per prompt)
+    r = pd.concat([ranks_frame(n_items=20, decide_at=3), ranks_frame(n_items=20, decide_at=1).assign(item=lambda f: f["item"] + 20)], ignore_index=True)
+    one = mcq.layer_estimates(r.assign(demo_set="only"), n_boot=300, seed=0).iloc[0]
+    assert one["demo_sets"] == 1
+    assert "intervals cover prompt variation only" in ch.demo_note(one)
+    # 10 sets, each holding prompts of one kind: resampling sets sees fewer independent draws than resampling prompts
+    clustered = mcq.layer_estimates(r.assign(demo_set=(r["item"] // 4).astype(str)), n_boot=300, seed=0).iloc[0]
+    assert clustered["demo_sets"] == 10 and "resample its 10 demonstration sets" in ch.demo_note(clustered)
+    assert clustered["n"] == 40
+    units = ch._units(r.assign(demo_set=(r["item"] // 4).astype(str)), "mmlu")
+    assert len(set(units)) == 10 and ch._units(r.assign(demo_set="only"), "mmlu") is None
+    # a set with fewer than MIN_N units gives no interval, whatever the number of prompts
+    few = mcq.layer_estimates(_with_sets(ranks_frame(n_items=40), 5), n_boot=50, seed=0).iloc[0]
+    assert few["demo_sets"] == 5 and np.isnan(few["decision_lo"])
+
+
+def test_transition_difference_resamples_pairs_with_their_lens_prompts():
+    # pair j is lens prompt j: resampled jointly, the difference is the same in every resample here
+    ci = ch.transition_difference(sweep_frame(12, 2), ranks_frame(), "mmlu", n_boot=50, seed=0)
+    assert ci.n == 12 and ci.lo == ci.hi == 1
+    # clustered by demonstration set: n counts sets, and fewer than MIN_N sets give no interval
+    few_sets = ch.transition_difference(sweep_frame(12, 2), _with_sets(ranks_frame(), 4), "mmlu", n_boot=50, seed=0)
+    assert few_sets.n == 4 and math.isnan(few_sets.lo)

@@ -34,11 +34,11 @@ def k1_of(onsets: pd.DataFrame) -> pd.DataFrame:
 
 def test_token_difference_and_its_wording():
     on = onsets_frame(20, 20, 10)
-    d = ch.token_difference(on, "curated", 3, 1, n_boot=200, seed=0)
+    d = ch.token_difference(on, "curated", 3, 1, 30, n_boot=200, seed=0)
     assert abs(d["diff"] - 10) < 1.5 and d["lo"] > 0
     text = ch.dataset_summary(k1_of(on), on, "curated", 30, n_boot=200, seed=0)
     assert "token 1 onsets are" in text and "later than token 3 onsets" in text
-    assert "layer 20 of 30 (95 % CI" in text
+    assert "layer 19.9 of 30 (95 % CI 19.6–20.2)" in text and "0 % (95 % CI 0–17 %) of 20 only at the output" in text
 
 
 def test_no_difference_claimed_without_an_interval_or_when_it_spans_zero():
@@ -61,7 +61,7 @@ def test_headlines_keep_paper_names_for_the_main_dataset():
                        "correct": [True, True, True, False], "mean_onset": [20.0, 15.0, 18.0, 25.0],
                        "lo": [19.0, np.nan, 17.0, 24.0], "hi": [21.0, np.nan, 19.0, 26.0], "n_reached": [30, 8, 12, 5]})
     h = ch.headlines(FakeRun({"onset_k1": k1}, {"dataset": "curated"}))
-    assert list(h.columns) == HEADLINE_COLUMNS
+    assert list(h.columns) == [*HEADLINE_COLUMNS, "censored"] and h["censored"].isna().all()
     assert list(h["quantity"]) == ["fact recall rank-1 onset, answer token 1", "fact recall rank-1 onset, answer token 2",
                                    "fact recall rank-1 onset, answer token 1 (trivia_qa)"]
     assert list(h["value"]) == [20.0, 15.0, 18.0] and list(h["n"]) == [30, 8, 12] and set(h["scale"]) == {"layer"}
@@ -79,5 +79,28 @@ def test_token_trend_is_paired_within_answers_not_pooled_over_lengths():
     rows = [{"item": i, "k": 1, "token": t, "onset": o, "correct": True, "dataset": "curated"}
             for i in range(20) for t, o in ((1, 10.0), (2, 20.0))]
     rows += [{"item": 100 + i, "k": 1, "token": 1, "onset": 28.0, "correct": True, "dataset": "curated"} for i in range(80)]
-    d = ch.token_difference(pd.DataFrame(rows), "curated", 1, 2, n_boot=100, seed=0)
+    d = ch.token_difference(pd.DataFrame(rows), "curated", 1, 2, 30, n_boot=100, seed=0)
     assert d["diff"] == 10 and d["n"] == 20 and d["lo"] == d["hi"] == 10
+
+
+def test_onsets_at_the_output_are_censored_not_averaged_in():
+    # 20 answers: token 1 at layer 10 for 15 of them, at the output row L = 30 for 5
+    on = pd.DataFrame([{"item": i, "k": 1, "token": 1, "onset": 10.0 if i < 15 else 30.0, "correct": True, "dataset": "curated"}
+                       for i in range(20)])
+    k1 = k1_of(on)
+    r = k1.iloc[0]
+    assert r["mean_onset"] == 10.0 and r["n_censored"] == 5 and r["censored"] == 0.25  # not (15·10 + 5·30)/20 = 15
+    assert r["censored_lo"] < 0.25 < r["censored_hi"]
+    text = ch.dataset_summary(k1, on, "curated", 30, n_boot=50, seed=0)
+    assert "over the 15 reaching it before the output" in text and "of 20 only at the output, not before" in text
+    assert "of 30 (95 % CI 30" not in text and "layer 30 of 30" not in text
+    h = ch.headlines(FakeRun({"onset_k1": k1}, {"dataset": "curated"}))
+    assert h["value"].iloc[0] == 10.0 and h["n"].iloc[0] == 15 and h["censored"].iloc[0] == 0.25
+    # every onset at the output: no mean, the share censored is 1 with its exact lower bound
+    all_out = k1_of(on.assign(onset=30.0)).iloc[0]
+    assert np.isnan(all_out["mean_onset"]) and all_out["censored"] == 1.0 and all_out["censored_hi"] == 1.0
+    assert abs(all_out["censored_lo"] - 0.025 ** (1 / 20)) < 1e-9
+    assert "none before the output" in ch.dataset_summary(k1_of(on.assign(onset=30.0)), on, "curated", 30, n_boot=50, seed=0)
+    # a pair with a censored token is no paired difference
+    two = pd.concat([on, on.assign(token=2, onset=12.0)], ignore_index=True)
+    assert ch.token_difference(two, "curated", 1, 2, 30, n_boot=50, seed=0)["n"] == 15

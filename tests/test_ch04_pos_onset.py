@@ -99,12 +99,35 @@ def test_summary_without_a_comparison_gives_the_reason_and_no_class_numbers():
                            "not_word": [0, 0, 0, 0], "kept": [24, 24, 24, 24], "kept_share": [0.24] * 4})
     text = ch.summary(report, r1, None, reason="Function and content words cannot be compared on this run: x.",
                       n_blocks=30, n_per_tag=100, lens_name="tuned", weights="Q4_1", minutes=1.0)
-    assert "cannot be compared on this run" in text and "Function words" not in text and "layers 1 to 30" in text
+    assert "cannot be compared on this run" in text and "Function words" not in text and "layers 1 to 29; passages resampled" in text
+    assert "0 % (95 % CI 0–" in text and "only at the output, not before" in text
 
 
 def test_headlines_and_paper_rows():
     run = {"k1_by_class": pd.DataFrame({"word_class": ["function", "content"], "estimate": [5.0, 20.0],
                                         "lo": [4.0, 19.0], "hi": [6.0, 21.0], "n": [40, 40]})}
     out = ch.headlines(run)
-    assert list(out.columns) == HEADLINE_COLUMNS and out["quantity"].tolist() == ["rank-1 onset, function words", "rank-1 onset, content words"]
+    assert list(out.columns) == [*HEADLINE_COLUMNS, "censored"] and out["censored"].isna().all() and out["quantity"].tolist() == ["rank-1 onset, function words", "rank-1 onset, content words"]
     assert list(ch.PAPER.columns) == PAPER_COLUMNS and ch.PAPER["value"].tolist() == [5 / 32, 20 / 32]
+
+
+def test_onsets_at_the_output_are_censored_and_passages_are_the_unit():
+    # 20 passages, each giving one DET and one NOUN example; NOUN onsets of passages 0-4 are at L = 30
+    rows = [{"tag": tag, "word_class": TAG_CLASS[tag], "k": 1, "passage": p, "item": 2 * p + (tag == "NOUN"),
+             "onset": (30.0 if p < 5 else 20.0 + p % 3) if tag == "NOUN" else 5.0 + p % 3}
+            for p in range(20) for tag in TAG_CLASS]
+    on = pd.DataFrame(rows)
+    on["tag"] = pd.Categorical(on["tag"], categories=list(TAG_CLASS), ordered=True)
+    r1 = ch.rank1(on, 30, compare=True, n_boot=200, seed=0)
+    noun = r1["by_tag"].set_index("tag").loc["NOUN"]
+    assert noun["censored"] == 0.25 and noun["n_censored"] == 5 and noun["n_rows"] == 15
+    assert abs(noun["estimate"] - np.mean([20.0 + p % 3 for p in range(5, 20)])) < 1e-9  # the five at L are not averaged in
+    h = ch.headlines({"k1_by_class": r1["by_class"]}).set_index("quantity")
+    assert h.loc["rank-1 onset, content words", "censored"] == 0.25 and h.loc["rank-1 onset, function words", "censored"] == 0
+    assert h.loc["rank-1 onset, content words", "n"] == 15  # passages behind the mean
+    # the gap resamples passages: examples of one passage go in or out together
+    assert r1["gap"]["n"] == 20 and r1["gap"]["diff"] > 14 and r1["gap"]["lo"] > 0
+    # duplicating every example within its passage changes no passage-level interval
+    twice = ch.rank1(pd.concat([on, on.assign(item=on["item"] + 100)], ignore_index=True), 30, compare=True, n_boot=200, seed=0)
+    assert twice["gap"]["n"] == 20
+    assert np.isclose(twice["by_class"]["lo"], r1["by_class"]["lo"]).all()

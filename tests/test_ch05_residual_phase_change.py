@@ -59,8 +59,10 @@ def test_transitions_find_the_knot_and_append_patching():
     patching = pd.DataFrame([{"name": "patching transition (a→b)", "estimate": 3.0, "lo": 2.0, "hi": 4.0, "n": 8.0, "n_boot": np.nan}])
     t = ch.transitions(_updates(), kl, top, "tuned", phase_curve="block_rel", top_tol=0.05, n_blocks=N_BLOCKS,
                        patching=patching, n_boot=50, seed=0)
-    assert list(t.columns) == [*ch.TRANSITION_COLUMNS, "estimate / L"]
+    assert list(t.columns) == [*ch.TRANSITION_COLUMNS, *ch.GRID_COLUMNS, "estimate / L"]
     assert t["name"].iloc[0].startswith("ℓ*")
+    assert np.isnan(t["mode_share"].iloc[-1])  # a patching row saved without it
+    assert t["censored_share"].iloc[:2].isna().all()  # ℓ* and the knee are no "first reached" layers
     assert t["estimate"].iloc[0] == 5
     assert t.set_index("name").loc["Top-10 share reaches its final level", "estimate"] == 7
     assert t["name"].iloc[-1] == "patching transition (a→b)"
@@ -89,7 +91,8 @@ def test_mlp_vs_attention_interval_excludes_zero_and_prose_says_so():
     assert "Two segments fit clearly better than one line" in text
     assert "excludes zero in 8 blocks with the MLP larger and 0 with attention larger" in text
     assert "no block-wise difference is claimed" not in text
-    assert "layer 5 (95 % CI" in text
+    # every resample puts ℓ* on block 5: a share of resamples on the grid, not "95 % CI 5–5"
+    assert "ℓ\\* = layer 5 in 100 % of resamples (grid: 1 layer)" in text and "(95 % CI 5–5)" not in text
 
 
 def test_summary_claims_no_blockwise_difference_without_intervals():

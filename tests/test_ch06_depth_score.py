@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from depthkit import stats
 from depthkit.chapters import HEADLINE_COLUMNS, PAPER_COLUMNS
@@ -136,9 +137,29 @@ def test_headline_table_and_headlines_keep_chapter_07_names():
     assert table["value"].iloc[0] == scores["d1_norm"].mean() and (table["n"] == 12).all()
     assert table["lo"].iloc[0] < table["value"].iloc[0] < table["hi"].iloc[0]
     out = ch.headlines({"headline": table})
-    assert list(out.columns) == HEADLINE_COLUMNS
+    assert list(out.columns) == [*HEADLINE_COLUMNS, "censored"]
+    assert out["censored"].iloc[0] == 0 and out["censored"].iloc[1:].isna().all()
     assert out["scale"].tolist() == ["other"] * 3 + ["share"] * 5
     assert out["value"].iloc[4] == 0.2
     # Runs saved before the intervals existed have quantity and value only.
     old = ch.headlines({"headline": table[["quantity", "value"]]})
     assert old["lo"].isna().all() and list(ch.PAPER.columns) == PAPER_COLUMNS
+
+
+def test_d1_at_the_output_is_censored_not_averaged_in():
+    scores, tags = _scores()
+    # every fourth token reaches rank 1 only at row L: d1/L = 1
+    scores.loc[scores["position"] % 4 == 0, "d1_norm"] = 1.0
+    before = scores.loc[scores["d1_norm"] < 1, "d1_norm"].mean()
+    table = ch.headline_table(scores, ch.dtr_table(scores, 0.85), _saving(0.2), 0.99, n_boot=50, seed=0)
+    d1 = table.set_index("quantity").loc["mean onset depth d1/L"]
+    assert d1["value"] == pytest.approx(before) and d1["censored"] == 0.25
+    summary = ch.summary_table(scores, 30).set_index("measure")
+    assert summary.loc["d1_norm", "mean"] == pytest.approx(before) and summary.loc["d1_norm", "at the output"] == 0.25
+    groups = ch.group_depths(scores, "bucket", n_boot=50, seed=0)
+    d1g = groups[groups["measure"] == "d1_norm"].set_index("bucket")
+    assert (d1g["estimate"] < 1).all() and d1g.loc["rest", "censored"] == 0.5  # the censored positions are all even
+    # none censored among 12 passages: the exact bound 1 - 0.025^(1/12), not a zero-width interval
+    assert d1g.loc["top-10", "censored"] == 0 and d1g.loc["top-10", "censored_hi"] == pytest.approx(1 - 0.025 ** (1 / 12))
+    text = ch.groups_text(groups, groups.iloc[:0].assign(word_class=[]), stats.CI(np.nan, np.nan, np.nan, 0), scores)
+    assert "before the output (" in text and "only at the output, not before" in text

@@ -50,3 +50,28 @@ def test_model_note_names_quantisation_lens_and_convention():
     assert "**tuned**" in note and "**authors**" in note and "49,152" in note
     plain = narrate.model_note(SimpleNamespace(**{**info.__dict__, "is_quantised": False}), "logit", "canonical")
     assert "weights not quantised" in plain and "Q4_1" not in plain
+
+
+def test_a_layer_at_the_output_is_not_before_the_output_never_layer_L_of_L():
+    from depthkit.stats import LayerCI
+
+    assert narrate.layer(30, 30, 30, n_blocks=30, censored_share=0.97) == "the output, not before (in 97 % of resamples)"
+    assert narrate.layer(30, 24, 30, n_blocks=30, censored_share=0.6) == (
+        "the output, not before (in 60 % of resamples; 95 % CI from layer 24)")
+    assert narrate.layer(30, n_blocks=30) == "the output, not before"
+    assert narrate.layer(25, 22, 30, n_blocks=30) == "layer 25 of 30 (95 % CI 22 to the output)"
+    for v, lo, hi in ((30, 30, 30), (30, 24, 30), (29.6, 29, 30)):
+        assert "30 of 30" not in narrate.layer(v, lo, hi, n_blocks=30)
+    # without n_blocks nothing is known about the output row
+    assert narrate.layer(LayerCI(30, 28, 30, 50)) == "layer 30 (95 % CI 28–30)"
+
+
+def test_a_zero_width_layer_interval_gives_the_share_of_resamples_and_the_grid():
+    from depthkit.stats import LayerCI
+
+    assert narrate.layer(1, 1, 1, n_blocks=30, mode_share=0.97) == "layer 1 of 30 in 97 % of resamples (grid: 1 layer)"
+    assert narrate.layer(LayerCI(4, 4, 4, 50, 0.9, 2.0), n_blocks=30) == "layer 4 of 30 in 90 % of resamples (grid: 2 layers)"
+    assert narrate.layer(3, 3, 3) == "layer 3 in at least 95 % of resamples (grid: 1 layer)"
+    # a mean between layers whose interval rounds to one layer keeps a decimal instead
+    assert narrate.layer(12.3, 12.1, 12.4, n_blocks=30) == "layer 12.3 of 30 (95 % CI 12.1–12.4)"
+    assert narrate.layer(12, 10, 14, n_blocks=30) == "layer 12 of 30 (95 % CI 10–14)"

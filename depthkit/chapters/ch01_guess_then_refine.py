@@ -202,12 +202,20 @@ def _argmax_layer(x: np.ndarray, y: np.ndarray) -> float:
 def peak_layer(pp: pd.DataFrame, *, n_boot: int, seed: int) -> pd.DataFrame:
     """Layer (from layer 1: layer 0 is the embedding through the lens, no depth) where
     the Top-10 share of the lens top-1 peaks, resampling prompts:
-    ``[quantity, estimate, lo, hi, n]``."""
+    ``[quantity, estimate, lo, hi, n, mode_share, step, censored_share]`` (the last
+    three as in :class:`depthkit.stats.LayerCI`; the output row is the last layer)."""
     depth = pp[pp["layer"] >= FIRST_LAYER]
     est = stats.curve_estimate(
-        depth.rename(columns={"top10": "value"}), "value", _argmax_layer, by="layer", n_boot=n_boot, seed=seed
+        depth.rename(columns={"top10": "value"}), "value", _argmax_layer, by="layer", n_boot=n_boot, seed=seed,
+        censor_at=float(depth["layer"].max()),
     )
-    return pd.DataFrame([{"quantity": Q_PEAK, "estimate": est.estimate, "lo": est.lo, "hi": est.hi, "n": est.n}])
+    keep = ("estimate", "lo", "hi", "n", "mode_share", "step", "censored_share")
+    return pd.DataFrame([{"quantity": Q_PEAK, **{k: getattr(est, k) for k in keep}}])
+
+
+def _grid(row: pd.Series) -> dict[str, float]:
+    """The peak's LayerCI extras that the saved row has (older runs lack them)."""
+    return {k: float(row[k]) for k in ("mode_share", "step", "censored_share") if k in row and np.isfinite(row[k])}
 
 
 def summary(
@@ -259,7 +267,7 @@ def summary(
 On {n_prompts} Wikipedia prefixes, read through the {source}:
 
 * At layer 1, **{narrate.share(l1["share"], l1["lo"], l1["hi"], digits=0)}** of top-1 predictions are one of the
-  ten most frequent tokens; the Top-10 share peaks at {narrate.layer(pk["estimate"], pk["lo"], pk["hi"], n_blocks=L)}
+  ten most frequent tokens; the Top-10 share peaks at {narrate.layer(pk["estimate"], pk["lo"], pk["hi"], n_blocks=L, **_grid(pk))}
   ({peak_share:.0%}) and the model's own predictions have **{narrate.share(fin["share"], fin["lo"], fin["hi"], digits=0)}**
   in the Top 10: from layer 1 to the output (paired over prompts), {trend}.
 * **{narrate.share(fl1["flip_rate"], fl1["lo"], fl1["hi"], digits=0)}** of layer-1 Top-10 guesses differ from the final

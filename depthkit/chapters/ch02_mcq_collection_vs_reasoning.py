@@ -78,10 +78,11 @@ def prompt_summary(model: Model, prompts: pd.DataFrame) -> pd.DataFrame:
 
 
 def share_ci(share: float, n: int, *, n_boot: int, seed: int) -> stats.CI:
-    """A share of ``n`` prompts with its interval: the share is a mean of one 0/1
-    value per prompt, so those values are rebuilt and resampled as the units."""
+    """A share of ``n`` prompts with its interval: the share is a mean of one yes/no
+    per prompt, so those are rebuilt and resampled as the units (exact binomial
+    bounds at 0/n and n/n)."""
     k = int(round(share * n))
-    return stats.bootstrap_ci(np.r_[np.ones(k), np.zeros(int(n) - k)], n_boot=n_boot, seed=seed)
+    return stats.bootstrap_ci(np.arange(int(n)) < k, n_boot=n_boot, seed=seed)
 
 
 def _matrices(ranks: pd.DataFrame, task: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -100,37 +101,70 @@ def _decision(am: np.ndarray, layers: np.ndarray) -> float:
     return mcq.first_layer_reaching(am.mean(0), layers, DECIDE_LEVEL, stay=True)
 
 
+def _units(ranks: pd.DataFrame, task: str) -> np.ndarray | None:
+    """The demonstration set of each prompt of ``task`` where there are several (the
+    unit every interval of the task resamples), else None (prompts)."""
+    items = pd.Index(np.sort(ranks.loc[ranks["task"] == task, "item"].unique()))
+    return mcq._demo_units(ranks, items)[0]
+
+
 def order_difference(ranks: pd.DataFrame, task: str, *, n_boot: int, seed: int) -> stats.CI:
     """Decision minus collection layer of one task. Both come from the same prompts,
-    so a resample draws prompts once for both layers."""
+    so a resample draws prompts (or demonstration sets) once for both layers."""
     layers, cm, am = _matrices(ranks, task)
     idx = np.arange(len(cm), dtype=float)
     return stats.bootstrap_ci(idx, stat=lambda i: _decision(am[i.astype(int)], layers) - _collection(cm[i.astype(int)], layers),
-                              n_boot=n_boot, seed=seed, dropna=False)
+                              n_boot=n_boot, seed=seed, dropna=False, units=_units(ranks, task))
 
 
 def transition_difference(sweep: pd.DataFrame, ranks: pd.DataFrame, task: str, *, n_boot: int, seed: int) -> stats.CI:
     """Patching transition minus the lens's collection layer of the target task.
-    Patching pairs and lens prompts are separate samples: each is resampled on its
-    own, and no interval unless both have MIN_N units."""
+    Pair j patches into the target task's prompt j, which is also lens prompt j: a
+    resample draws the target prompts (or their demonstration sets) once, and a drawn
+    prompt brings its pair along, so the shared prompts are not counted as two
+    independent samples. ``n``: the fewer of pairs and resampled units; no interval
+    below MIN_N."""
     wide = sweep.pivot(index="pair", columns="layer", values="class").sort_index(axis=1)
     p_layers, to_m, ag_m = wide.columns.to_numpy(), (wide.to_numpy() == "source-option").astype(float), (wide.to_numpy() == "target-option").astype(float)
     layers, cm, _ = _matrices(ranks, task)
-    point = patching._transition_from_matrix(to_m, ag_m, p_layers) - _collection(cm, layers)
-    n = min(len(wide), len(cm))
-    if n < stats.MIN_N or not np.isfinite(point):
-        return stats.CI(point, math.nan, math.nan, n)
-    rng = np.random.default_rng(seed)
-    boots = []
-    for _ in range(int(n_boot)):
-        i, j = rng.integers(0, len(wide), len(wide)), rng.integers(0, len(cm), len(cm))
-        boots.append(patching._transition_from_matrix(to_m[i], ag_m[i], p_layers) - _collection(cm[j], layers))
-    lo, hi = stats.interval(np.asarray(boots, dtype=float))
-    return stats.CI(point, lo, hi, n)
+
+    def stat(i: np.ndarray) -> float:
+        i = i.astype(int)
+        pairs = i[i < len(wide)]
+        if not len(pairs):
+            return math.nan
+        return patching._transition_from_matrix(to_m[pairs], ag_m[pairs], p_layers) - _collection(cm[i], layers)
+
+    ci = stats.bootstrap_ci(np.arange(len(cm), dtype=float), stat=stat, n_boot=n_boot, seed=seed, dropna=False,
+                            units=_units(ranks, task))
+    n = min(len(wide), ci.n)
+    return stats.CI(ci.estimate, ci.lo, ci.hi, n) if n >= stats.MIN_N else stats.CI(ci.estimate, math.nan, math.nan, n)
 
 
-def _layer(v: float, lo: float, hi: float, n_blocks: int, missing: str = "not reached") -> str:
-    return missing if not np.isfinite(v) else narrate.layer(v, lo, hi, n_blocks=n_blocks)
+def _layer(v: float, lo: float, hi: float, n_blocks: int, missing: str = "not reached", **grid: float) -> str:
+    """``narrate.layer`` of a layer column; ``grid``: its ``mode_share``,
+    ``censored_share`` and ``step`` where the run saved them."""
+    clean = {k: float(x) for k, x in grid.items() if x is not None and np.isfinite(x)}
+    return missing if not np.isfinite(v) else narrate.layer(v, lo, hi, n_blocks=n_blocks, **clean)
+
+
+def _est_layer(r: Any, what: str, n_blocks: int, missing: str = "not reached") -> str:
+    """The collection or decision layer (``what``) of a row of ``layer_estimates``."""
+    extra = {k: getattr(r, f"{what}_{k}", None) for k in ("mode_share", "censored_share")}
+    return _layer(getattr(r, f"{what}_layer"), getattr(r, f"{what}_lo"), getattr(r, f"{what}_hi"), n_blocks, missing,
+                  step=getattr(r, "step", None), **extra)
+
+
+def demo_note(r: Any) -> str:
+    """Which unit the task's intervals resample: demonstration sets where there are
+    several; where all prompts share one set the intervals say nothing about another
+    set of demonstrations."""
+    sets = int(getattr(r, "demo_sets", 0) or 0)
+    if sets > 1:
+        return f"intervals resample its {sets} demonstration sets"
+    if sets == 1:
+        return "every prompt shares one set of demonstrations, so intervals cover prompt variation only"
+    return "intervals resample prompts"
 
 
 def layer_summary(est: pd.DataFrame, acc: pd.DataFrame, prompts: pd.DataFrame, ranks: pd.DataFrame, n_blocks: int, *, n_boot: int, seed: int) -> str:
@@ -159,17 +193,17 @@ def layer_summary(est: pd.DataFrame, acc: pd.DataFrame, prompts: pd.DataFrame, r
         base = float(baseline.get(r.task, np.nan))
         testable = np.isfinite(ci.lo) and ci.lo > base
         settled = (
-            f"answer settled at {_layer(r.decision_layer, r.decision_lo, r.decision_hi, n_blocks)}{order}.{alike}"
+            f"answer settled at {_est_layer(r, 'decision', n_blocks)}{order}.{alike}"
             if testable
-            else f"answer settled at {_layer(r.decision_layer, r.decision_lo, r.decision_hi, n_blocks)}. **Accuracy does not "
+            else f"answer settled at {_est_layer(r, 'decision', n_blocks)}. **Accuracy does not "
             f"clear the majority baseline of {base:.0%}** (always giving the most frequent gold answer)"
             + ("" if np.isfinite(ci.lo) else f" or has no interval ({narrate.NO_INTERVAL})")
             + ", so on this task the settled layer says nothing about a reasoning stage."
         )
         lines.append(
-            f"* **{r.task}** (n = {r.n}, accuracy {narrate.share(*ci[:3], digits=0)}, majority baseline {base:.0%}, "
+            f"* **{r.task}** (n = {r.n}, {demo_note(r)}; accuracy {narrate.share(*ci[:3], digits=0)}, majority baseline {base:.0%}, "
             f"top-1 is an option for {a.top1_option:.0%}): "
-            f"options collected at {_layer(r.collection_layer, r.collection_lo, r.collection_hi, n_blocks)} "
+            f"options collected at {_est_layer(r, 'collection', n_blocks)} "
             f"({half}peak share {r.peak_collected_share:.0%} at layer {r.peak_layer}); {settled}"
         )
     return (
@@ -210,10 +244,10 @@ def control_summary(est: pd.DataFrame, acc: pd.DataFrame, task: str, n_blocks: i
     o = ce.loc["original"]
 
     def coll(r: pd.Series) -> str:
-        return _layer(r.collection_layer, r.collection_lo, r.collection_hi, n_blocks, "never reached")
+        return _est_layer(r, "collection", n_blocks, "never reached")
 
     def settled(r: pd.Series) -> str:
-        return _layer(r.decision_layer, r.decision_lo, r.decision_hi, n_blocks)
+        return _est_layer(r, "decision", n_blocks)
 
     parts = [
         f"with **{v}** options — collection layer: {coll(ce.loc[v])}, original: {coll(o)}; "
@@ -282,6 +316,10 @@ def transition_marks(tr: pd.DataFrame) -> pd.DataFrame:
     return marks.assign(what=marks["what"].str.replace(r" \(.*\)", "", regex=True))
 
 
+def _tr_layer(t: pd.Series, n_blocks: int, missing: str = "not reached") -> str:
+    return _layer(t.transition_layer, t.lo, t.hi, n_blocks, missing, **{k: t.get(k) for k in ("mode_share", "censored_share", "step")})
+
+
 def patching_summary(tr: pd.DataFrame, sweep: pd.DataFrame, ranks: pd.DataFrame, n_blocks: int, *, n_boot: int, seed: int) -> str:
     tt = tr.set_index(["direction", "what"])
     txt = []
@@ -294,7 +332,7 @@ def patching_summary(tr: pd.DataFrame, sweep: pd.DataFrame, ranks: pd.DataFrame,
             ci = transition_difference(sweep[sweep["direction"] == d], ranks, tgt, n_boot=n_boot, seed=seed)
             gap = "; " + narrate.difference(ci.estimate, ci.lo, ci.hi, more="later", less="earlier", subject="patching transitions",
                                             than=f"the lens's collection layer for {tgt} (layer {col:.0f})", digits=0)
-        txt.append(f"* **{d}**: source options take over at {_layer(t.transition_layer, t.lo, t.hi, n_blocks, 'no stable transition')}{gap}.")
+        txt.append(f"* **{d}**: source options take over at {_tr_layer(t, n_blocks, 'no stable transition')}{gap}.")
     answers = sweep.attrs.get("control_answers", {})
     if not (tr["what"] == FOLLOWS).any():
         task = answers.get("task", "the control task")
@@ -304,7 +342,7 @@ def patching_summary(tr: pd.DataFrame, sweep: pd.DataFrame, ranks: pd.DataFrame,
         c = tr[tr["what"] == FOLLOWS].iloc[0]
         task = c.direction.split(" → ")[1]
         follows = ("the output never stably follows the source's answer rather than the target's own" if not np.isfinite(c.transition_layer)
-                   else f"the output follows the source's answer rather than the target's own from {_layer(c.transition_layer, c.lo, c.hi, n_blocks)}")
+                   else f"the output follows the source's answer rather than the target's own from {_tr_layer(c, n_blocks)}")
         txt.append(f"* **control** (a random other {task} prompt whose answer differs as source, {task} target; "
                    f"{int(c.n_pairs)} pairs): {follows}.")
     return ("\n".join(txt) + "\n\nThe paper found, for Llama-3-8B, that the patching transition and the lens's collection layer do not line up; "
@@ -328,7 +366,7 @@ def early_exit_summary(exits: pd.DataFrame, n_blocks: int, *, n_boot: int, seed:
         def share(layer: int, col: str) -> str:
             return narrate.share(*share_ci(g.loc[layer, col], n, n_boot=n_boot, seed=seed)[:3], digits=0)
 
-        reach = ("never agrees with the full model's for 90% of prompts before the last layer" if not np.isfinite(first)
+        reach = ("never agrees with the full model's for 90% of prompts before the output" if not np.isfinite(first) or first >= n_blocks
                  else f"agrees with the full model's for at least 90% of prompts from layer {int(first)} on "
                       f"({g.loc[int(first), 'compute_fraction']:.0%} of the blocks)")
         lines.append(
@@ -360,14 +398,18 @@ def prompt_table(prompts: pd.DataFrame) -> pd.DataFrame:
 def headlines(run) -> pd.DataFrame:
     """Per task the collection and decision layers (``layer_estimates``) and per
     direction the patching transition (``patching_transitions``). The task or
-    direction is part of the quantity: a run has one row per quantity."""
+    direction is part of the quantity: a run has one row per quantity. ``censored``:
+    the share of resamples in which the layer is reached only at the output row L
+    ("not before the output"; NaN where the run has no interval or predates it)."""
     rows = []
     for r in run["layer_estimates"].itertuples():
         n = float(r.n)
-        rows.append((f"MCQ options collected ({r.task})", r.collection_layer, r.collection_lo, r.collection_hi, n, "layer"))
-        rows.append((f"MCQ answer settled ({r.task})", r.decision_layer, r.decision_lo, r.decision_hi, n, "layer"))
+        for name, what in (("MCQ options collected", "collection"), ("MCQ answer settled", "decision")):
+            rows.append((f"{name} ({r.task})", getattr(r, f"{what}_layer"), getattr(r, f"{what}_lo"), getattr(r, f"{what}_hi"), n,
+                         "layer", getattr(r, f"{what}_censored_share", math.nan)))
     pt = run["patching_transitions"]
     for r in pt[pt["what"] == TRANSITION].itertuples():
-        rows.append((f"patching transition ({r.direction})", r.transition_layer, r.lo, r.hi, float(r.n_pairs), "layer"))
-    out = pd.DataFrame(rows, columns=HEADLINE_COLUMNS)
-    return out.astype({c: float for c in ("value", "lo", "hi", "n")})
+        rows.append((f"patching transition ({r.direction})", r.transition_layer, r.lo, r.hi, float(r.n_pairs), "layer",
+                     getattr(r, "censored_share", math.nan)))
+    out = pd.DataFrame(rows, columns=[*HEADLINE_COLUMNS, "censored"])
+    return out.astype({c: float for c in ("value", "lo", "hi", "n", "censored")})

@@ -68,8 +68,10 @@ def token_accuracy(ranks: pd.DataFrame) -> pd.DataFrame:
 
 
 def onset_k1(onsets: pd.DataFrame, n_blocks: int, *, n_boot: int, seed: int) -> pd.DataFrame:
-    """Mean rank-1 onset per dataset, answer token and correctness, with ``onset / L``."""
-    k1 = facts.onset_table(onsets, k=1, by=("dataset", "token", "correct"), n_boot=n_boot, seed=seed)
+    """Mean rank-1 onset per dataset, answer token and correctness, with ``onset / L``.
+    An onset at L, the model's own output, is "not before the output": the mean is
+    over the onsets before it, and ``censored`` is the share of reaching tokens at L."""
+    k1 = facts.onset_table(onsets, k=1, by=("dataset", "token", "correct"), n_boot=n_boot, seed=seed, censor_at=n_blocks)
     return k1.assign(**{"onset / L": k1["mean_onset"] / n_blocks})
 
 
@@ -80,9 +82,10 @@ def with_paper(k1: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([paper, k1], ignore_index=True)
 
 
-def onset_k1_by_length(onsets: pd.DataFrame, *, n_boot: int, seed: int) -> pd.DataFrame:
-    # As in the paper: correct predictions only.
-    return facts.onset_table(onsets[onsets["correct"]], k=1, by=("dataset", "length_group", "token"), n_boot=n_boot, seed=seed)
+def onset_k1_by_length(onsets: pd.DataFrame, n_blocks: int, *, n_boot: int, seed: int) -> pd.DataFrame:
+    # As in the paper: correct predictions only; onsets at the output censored as in onset_k1.
+    return facts.onset_table(onsets[onsets["correct"]], k=1, by=("dataset", "length_group", "token"), n_boot=n_boot, seed=seed,
+                             censor_at=n_blocks)
 
 
 def onset_curves(onsets: pd.DataFrame, dataset: str) -> pd.DataFrame:
@@ -97,32 +100,47 @@ def onset_curves(onsets: pd.DataFrame, dataset: str) -> pd.DataFrame:
     ], ignore_index=True)
 
 
-def token_difference(onsets: pd.DataFrame, dataset: str, a: int, b: int, *, n_boot: int, seed: int) -> pd.Series:
+def token_difference(
+    onsets: pd.DataFrame, dataset: str, a: int, b: int, n_blocks: int | None = None, *, n_boot: int, seed: int
+) -> pd.Series:
     """Mean rank-1 onset of answer token ``b`` minus token ``a`` in one dataset,
-    paired within each correctly predicted answer that has both tokens at rank 1 (so
-    one-token answers, which have no later token, do not weigh on token 1, and every
-    comparison is within one answer and its length). Answers are the resampled unit.
-    Returns ``diff, lo, hi, n``."""
-    d = onsets[(onsets["k"] == 1) & (onsets["dataset"] == dataset) & onsets["correct"] & onsets["token"].isin([a, b])]
+    paired within each correctly predicted answer that has both tokens at rank 1
+    before the output (so one-token answers, which have no later token, do not weigh
+    on token 1, every comparison is within one answer and its length, and no onset
+    censored at L enters as if it were layer L; ``n_blocks`` None keeps every onset,
+    as runs before censoring did). Answers are the resampled unit. Returns ``diff, lo, hi, n``."""
+    before = onsets["onset"] < n_blocks if n_blocks is not None else True
+    d = onsets[(onsets["k"] == 1) & (onsets["dataset"] == dataset) & onsets["correct"] & onsets["token"].isin([a, b]) & before]
     wide = d.pivot_table(index="item", columns="token", values="onset", aggfunc="first").dropna()
     paired = (wide[b] - wide[a]).to_numpy(dtype=float) if {a, b} <= set(wide.columns) else np.array([])
     ci = stats.bootstrap_ci(paired, n_boot=n_boot, seed=seed)
     return pd.Series({"diff": ci.estimate, "lo": ci.lo, "hi": ci.hi, "n": ci.n})
 
 
+def _onset_words(r: Any, n_blocks: int) -> str:
+    """A mean onset before the output, and the share reached only at the output."""
+    if r.n_reached == 0:
+        return "never at rank 1"
+    censored = getattr(r, "censored", math.nan)
+    share = narrate.share(censored, getattr(r, "censored_lo", math.nan), getattr(r, "censored_hi", math.nan), digits=0)
+    n_before = r.n_reached - int(getattr(r, "n_censored", 0) or 0)
+    before = (f"{narrate.layer(r.mean_onset, r.lo, r.hi, n_blocks=n_blocks)} on average over the {n_before} reaching it before the output"
+              if np.isfinite(r.mean_onset) else "none before the output")
+    return f"{before}; {share} of {r.n_reached} only at the output, not before" if np.isfinite(censored) else f"{before}, n = {r.n_reached}"
+
+
 def dataset_summary(k1: pd.DataFrame, onsets: pd.DataFrame, dataset: str, n_blocks: int, *, n_boot: int, seed: int) -> str:
     ok = k1[(k1.dataset == dataset) & (k1.correct)].set_index("token")
     wrong = k1[(k1.dataset == dataset) & (~k1.correct)].set_index("token")
-    parts = [f"token {t}: {narrate.layer(r.mean_onset, r.lo, r.hi, n_blocks=n_blocks) if np.isfinite(r.mean_onset) else 'never at rank 1'}, n = {r.n_reached}"
-             for t, r in ok.sort_index().iterrows()]
+    parts = [f"token {t}: {_onset_words(r, n_blocks)}" for t, r in ok.sort_index().iterrows()]
     diffs = []
     # Token 1 is the paper's reference point: without it there is nothing to compare.
     for t in sorted(i for i in ok.index if i != 1 and 1 in ok.index):
-        d = token_difference(onsets, dataset, t, 1, n_boot=n_boot, seed=seed)
+        d = token_difference(onsets, dataset, t, 1, n_blocks, n_boot=n_boot, seed=seed)
         diffs.append(narrate.difference(d["diff"], d["lo"], d["hi"], more="later", less="earlier", subject="token 1 onsets", than=f"token {t} onsets"))
-    trend = (" Token 1 against later tokens of the same answer: " + "; ".join(diffs) + ".") if diffs else ""
+    trend = (" Token 1 against later tokens of the same answer (both before the output): " + "; ".join(diffs) + ".") if diffs else ""
     missed = "; ".join(
-        f"token {t}: {r.n_reached} of {r.n_items} ever reach rank 1" + ("" if not np.isfinite(r.mean_onset) else f", at layer {r.mean_onset:.0f} on average")
+        f"token {t}: {r.n_reached} of {r.n_items} ever reach rank 1" + ("" if not np.isfinite(r.mean_onset) else f", at layer {r.mean_onset:.0f} on average before the output")
         for t, r in wrong.sort_index().iterrows()
     )
     return (f"**{dataset}**, correctly predicted tokens — rank-1 onset " + "; ".join(parts) + f".{trend} "
@@ -137,15 +155,19 @@ def summary(k1: pd.DataFrame, onsets: pd.DataFrame, datasets: list[str], n_block
 
 
 def headlines(run) -> pd.DataFrame:
-    """Mean rank-1 onset of each correctly predicted answer token (``onset_k1``).
-    The run's main dataset keeps the paper's quantity names; a dataset analysed
-    beside it (TriviaQA) is named in the quantity, one row per quantity."""
+    """Mean rank-1 onset of each correctly predicted answer token (``onset_k1``),
+    over the onsets before the output; ``censored``: the share of reaching tokens
+    whose onset is the output row L (NaN for runs saved before it was counted). The
+    run's main dataset keeps the paper's quantity names; a dataset analysed beside it
+    (TriviaQA) is named in the quantity, one row per quantity."""
     k1 = run["onset_k1"]
     k1 = k1[k1["correct"].astype(bool)]
     main = run.params.get("dataset")
     quantity = "fact recall rank-1 onset, answer token " + k1["token"].astype(int).astype(str)
     quantity = quantity.where(k1["dataset"] == main, quantity + " (" + k1["dataset"].astype(str) + ")")
+    censored = k1["censored"] if "censored" in k1 else pd.Series(np.nan, index=k1.index)
+    n = k1["n_reached"] - (k1["n_censored"] if "n_censored" in k1 else 0)
     out = pd.DataFrame({"quantity": quantity.to_numpy(), "value": k1["mean_onset"].to_numpy(dtype=float),
                         "lo": k1["lo"].to_numpy(dtype=float), "hi": k1["hi"].to_numpy(dtype=float),
-                        "n": k1["n_reached"].to_numpy(dtype=float), "scale": "layer"})
-    return out[HEADLINE_COLUMNS]
+                        "n": n.to_numpy(dtype=float), "scale": "layer", "censored": censored.to_numpy(dtype=float)})
+    return out[[*HEADLINE_COLUMNS, "censored"]]

@@ -2,9 +2,13 @@
 and :mod:`depthkit.pos_filter`, the two frequency controls, the generated prose,
 the headline quantities and the paper's reference rows.
 
-The unit of every interval is an example (one prompt, one answer). Onsets count
-depth from layer 1 (:data:`depthkit.metrics.FIRST_DEPTH_LAYER`): layer 0 is the
-token embedding read through the lens.
+The unit of every interval is a passage: up to one example per tag comes from one
+passage, so the examples of a word class share passages and are resampled with them
+(examples loaded from files name no passage and are each their own unit; the
+frequency controls still resample examples). Onsets count depth from layer 1
+(:data:`depthkit.metrics.FIRST_DEPTH_LAYER`): layer 0 is the token embedding read
+through the lens. An onset at L, the model's own output, is "not before the output":
+means are over the onsets before it, and the share at L is reported beside them.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ def onsets_of(traj: Any, kept: pd.DataFrame, freq: pd.DataFrame, ks: Sequence[in
     meta = kept[["tag", "word_class", "answer"]].assign(
         item=np.arange(len(kept)), freq_rank=ranks_of(freq, kept["answer_id"].to_numpy()),
         prompt_end="…" + kept["prompt"].str[-40:],
+        passage=kept["passage_id"].to_numpy() if "passage_id" in kept else np.arange(len(kept)),
     )
     meta["freq_bin"] = metrics.rank_bins(meta["freq_rank"])
     onsets = metrics.onset_layers(traj.target("answer"), ks, first_layer=metrics.FIRST_DEPTH_LAYER).merge(meta, on="item")
@@ -51,23 +56,45 @@ def onsets_of(traj: Any, kept: pd.DataFrame, freq: pd.DataFrame, ks: Sequence[in
     return onsets
 
 
+def _unit(k1: pd.DataFrame) -> str:
+    return "passage" if "passage" in k1.columns else "item"
+
+
+def class_gap(k1: pd.DataFrame, *, n_boot: int, seed: int) -> pd.Series:
+    """Mean onset of content minus function words over the onsets before the output,
+    passages resampled (both classes of a passage go in or out together): a row like
+    :func:`depthkit.stats.stratified_difference`'s pooled one."""
+    d = k1[k1["word_class"].isin(["function", "content"]) & ~k1["censored"]]
+    v, content = d["onset"].to_numpy(dtype=float), (d["word_class"] == "content").to_numpy()
+
+    def gap(i: np.ndarray) -> float:
+        i = i.astype(int)
+        c = content[i]
+        return v[i][c].mean() - v[i][~c].mean() if c.any() and not c.all() else np.nan
+
+    ci = stats.bootstrap_ci(np.arange(len(d)), stat=gap, n_boot=n_boot, seed=seed, units=d[_unit(d)].to_numpy())
+    return pd.Series({"stratum": "all", "n_a": int((~content).sum()), "n_b": int(content.sum()), "mean_a": v[~content].mean(),
+                      "mean_b": v[content].mean(), "used": True, "diff": ci.estimate, "lo": ci.lo, "hi": ci.hi, "n": ci.n})
+
+
 def rank1(onsets: pd.DataFrame, n_blocks: int, *, compare: bool, n_boot: int, seed: int) -> dict[str, Any]:
-    """The k = 1 onsets (``k1``: one row an example) and their means per tag
-    (``by_tag``, with the median) and, where the classes can be compared
-    (``compare``), per word class (``by_class``) and content minus function
-    (``gap``, a row of :func:`depthkit.stats.stratified_difference`)."""
+    """The k = 1 onsets (``k1``: one row an example, ``censored`` where the onset is
+    the output row L) and their means before the output per tag (``by_tag``, with the
+    median over all onsets: those at L are the largest, so it is the censoring-aware
+    median while under half are censored) and, where the classes can be compared
+    (``compare``), per word class (``by_class``) and content minus function (``gap``,
+    :func:`class_gap`). Intervals resample passages; ``censored`` columns: the share
+    at L with its interval (:func:`depthkit.stats.censored_mean`)."""
     k1 = onsets[onsets["k"] == 1].copy()
     k1["depth_fraction"] = k1["onset"] / n_blocks
-    by_tag = stats.bootstrap_ci_by(k1, "onset", "tag", n_boot=n_boot, seed=seed)
+    k1["censored"] = k1["onset"] >= n_blocks
+    kw = dict(unit=_unit(k1), n_boot=n_boot, seed=seed)
+    by_tag = stats.censored_mean(k1, "onset", n_blocks, "tag", **kw)
     by_tag["median"] = by_tag["tag"].map(k1.groupby("tag", observed=True)["onset"].median())
     by_tag["word_class"] = by_tag["tag"].astype(str).map(pos.word_class)
-    by_class = stats.bootstrap_ci_by(k1, "onset", "word_class", n_boot=n_boot, seed=seed)
-    gap = None
-    if compare:
-        gap = stats.stratified_difference(
-            k1.assign(all="all"), "onset", "word_class", "all", a="function", b="content", n_boot=n_boot, seed=seed
-        ).iloc[-1]
-    else:
+    by_class = stats.censored_mean(k1, "onset", n_blocks, "word_class", **kw)
+    gap = class_gap(k1, n_boot=n_boot, seed=seed) if compare else None
+    if not compare:
         by_class = by_class.iloc[:0]  # no class means on this run (chapter 07 then shows none)
     return {"k1": k1, "by_tag": by_tag, "by_class": by_class, "gap": gap}
 
@@ -156,7 +183,12 @@ def summary(
     """The chapter's closing Markdown, every number from this run. ``controls`` and
     ``r1["gap"]`` are None where the classes cannot be compared (``reason`` says why)."""
     by_tag = r1["by_tag"].set_index(r1["by_tag"]["tag"].astype(str))
-    tags = ", ".join(f"{t} {by_tag.loc[t, 'estimate']:.1f} (n = {by_tag.loc[t, 'n']})" for t in by_tag.index)
+    tags = ", ".join(
+        f"{t} {by_tag.loc[t, 'estimate']:.1f} (n = {by_tag.loc[t, 'n_rows']}; "
+        f"{narrate.share(*by_tag.loc[t, ['censored', 'censored_lo', 'censored_hi']], digits=0)} of "
+        f"{by_tag.loc[t, 'n_rows'] + by_tag.loc[t, 'n_censored']} only at the output, not before)"
+        for t in by_tag.index
+    )
     paper = "The paper reports ≈ layer {function:.0f} (function) vs ≈ {content:.0f} (content) of {blocks} for its 7-8B models.".format(
         **PAPER_ONSETS, blocks=PAPER_BLOCKS
     )
@@ -170,7 +202,7 @@ def summary(
             f"{narrate.difference(gap['diff'], gap['lo'], gap['hi'], subject='content words', than='function words', **LATER)}. {paper}",
             frequency_verdict(controls["matched"], controls["adjusted"]),
         ]
-    bullets = [f"Mean earliest layer at rank 1 (layers 1 to {n_blocks}): {tags}.", *lines,
+    bullets = [f"Mean earliest layer at rank 1 before the output (layers 1 to {n_blocks - 1}; passages resampled): {tags}.", *lines,
                f"These are {weights} weights of a small model; the numbers are this run's alone."]
     return (
         f"{filter_sentence(report)} Up to {n_per_tag} per tag were analysed with the {lens_name} lens.\n\n"
@@ -180,7 +212,10 @@ def summary(
 
 
 def headlines(run) -> pd.DataFrame:
-    """Mean rank-1 onset layer of function and content words (table ``k1_by_class``)."""
+    """Mean rank-1 onset layer of function and content words before the output
+    (table ``k1_by_class``; ``n``: the passages behind it), and ``censored``: the
+    share of their examples whose onset is the output row L (NaN for runs saved
+    before it was counted)."""
     k1 = run["k1_by_class"]
     out = pd.DataFrame(
         {
@@ -190,6 +225,7 @@ def headlines(run) -> pd.DataFrame:
             "hi": k1["hi"].astype(float),
             "n": k1["n"].astype(float) if "n" in k1 else float("nan"),
             "scale": "layer",
+            "censored": k1["censored"].astype(float) if "censored" in k1 else float("nan"),
         }
     )
-    return out[HEADLINE_COLUMNS]
+    return out[[*HEADLINE_COLUMNS, "censored"]]

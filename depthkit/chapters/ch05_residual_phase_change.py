@@ -25,6 +25,8 @@ PANELS: dict[str, str] = {
     "block_influence": "1 − cos(h_ℓ, h_ℓ+1)",
 }
 TRANSITION_COLUMNS = ["name", "estimate", "lo", "hi", "n", "n_boot"]
+# What a layer interval on a grid cannot say alone (depthkit.stats.LayerCI); NaN where a row lacks them.
+GRID_COLUMNS = ["mode_share", "step", "censored_share"]
 MCQ_SLUG = "02_mcq_collection_vs_reasoning"
 
 
@@ -107,20 +109,21 @@ def transitions(
     seed: int,
 ) -> pd.DataFrame:
     """ℓ*, the KL knee, the layer where the Top-10 share settles, and (when given)
-    chapter 02's patching transitions: ``[name, estimate, lo, hi, n, n_boot, estimate / L]``.
-    The first row is always ℓ*."""
+    chapter 02's patching transitions: ``[name, estimate, lo, hi, n, n_boot, mode_share,
+    step, censored_share, estimate / L]``. The first row is always ℓ*."""
     phase = residual.phase_change(updates, phase_curve, n_boot=n_boot, seed=seed)
     knee = stats.curve_estimate(
         kl[kl["lens"] == lens_name], "kl", stats.knee, name=f"KL knee ({lens_name} lens)", n_boot=n_boot, seed=seed
     )
     settle = stats.curve_estimate(
         top, "top10_share", lambda x, y: stats.settling_layer(x, y, tol=top_tol),
-        name="Top-10 share reaches its final level", n_boot=n_boot, seed=seed,
+        name="Top-10 share reaches its final level", n_boot=n_boot, seed=seed, censor_at=float(top["layer"].max()),
     )
     rows = [dict(phase.as_dict(), name=f"ℓ* (two-segment fit, log {phase_curve})"), knee.as_dict(), settle.as_dict()]
-    out = pd.DataFrame(rows)[TRANSITION_COLUMNS].astype({"n": "float64", "n_boot": "float64"})
+    cols = TRANSITION_COLUMNS + GRID_COLUMNS
+    out = pd.DataFrame(rows)[cols].astype({"n": "float64", "n_boot": "float64"})
     if patching is not None and len(patching):
-        out = pd.concat([out, patching[TRANSITION_COLUMNS].astype(out.dtypes.to_dict())], ignore_index=True)
+        out = pd.concat([out, patching.reindex(columns=cols).astype(out.dtypes.to_dict())], ignore_index=True)
     out["estimate / L"] = out["estimate"] / n_blocks
     return out
 
@@ -164,8 +167,9 @@ def mlp_vs_attention(updates: pd.DataFrame, *, n_boot: int, seed: int) -> pd.Dat
     return stats.bootstrap_ci_by(d, "diff", "block", n_boot=n_boot, seed=seed)
 
 
-def _layer(row: pd.Series) -> str:
-    return narrate.layer(row["estimate"], row["lo"], row["hi"])
+def _layer(row: pd.Series, n_blocks: int | None = None) -> str:
+    grid = {k: float(row[k]) for k in GRID_COLUMNS if k in row and np.isfinite(row[k])}
+    return narrate.layer(row["estimate"], row["lo"], row["hi"], n_blocks=n_blocks, **grid)
 
 
 def summary_text(
@@ -204,7 +208,7 @@ On {n_passages} passages ({n_positions:,} positions) of {model_name}:
   {phase_sentence(test, n_blocks)}
   Fitted to the other statistics the split falls between layers {sensitivity['split'].min():.0f} and {sensitivity['split'].max():.0f}:
   the "phase change" is a property of the curve one chooses as much as of the network.
-* KL knee: {_layer(tr.loc[knee_name])}; Top-10 share at its final level from {_layer(tr.loc["Top-10 share reaches its final level"])}.
+* KL knee: {_layer(tr.loc[knee_name])}; Top-10 share at its final level from {_layer(tr.loc["Top-10 share reaches its final level"], n_blocks)}.
   The estimates shown span {spread:.0f} layers ({spread / n_blocks:.0%} of the depth).
 * Block 0 writes an update {b.loc[0, 'attn_rel'] + b.loc[0, 'mlp_rel']:.1f}× the size of its input (attention + MLP, relative);
   in blocks 1–{n_blocks - 2} the mean MLP update is larger than the attention update in {mlp_bigger} of {len(inner)} blocks{clear}

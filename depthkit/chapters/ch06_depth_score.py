@@ -2,7 +2,9 @@
 the deep-thinking ratio, the early-exit prose and the headline quantities.
 
 Every interval resamples passages (the ``item`` column), never tokens: the tokens
-of one passage share their context and are not independent.
+of one passage share their context and are not independent. A d₁ at row L, the
+model's own output, is "not before the output": means of d₁ are over the tokens
+reaching rank 1 before it, with the share at L beside them (``censored``).
 """
 
 from __future__ import annotations
@@ -49,21 +51,29 @@ def scores_with_buckets(traj: Any, freq: pd.DataFrame) -> pd.DataFrame:
 
 
 def summary_table(scores: pd.DataFrame, n_blocks: int) -> pd.DataFrame:
-    """Mean and median of each normalised depth over tokens: ``[measure, mean, median, mean (layers)]``."""
-    rows = [
-        {"measure": m, "mean": scores[m].mean(), "median": scores[m].median(), "mean (layers)": scores[m].mean() * n_blocks}
-        for m in ("d1_norm", "d_sat_norm", "flips_norm")
-    ]
+    """Mean and median of each normalised depth over tokens: ``[measure, mean, median,
+    mean (layers), at the output]``. d₁'s mean is over the tokens before the output;
+    its median counts those at the output as the largest (censoring-aware while under
+    half are); ``at the output``: d₁'s share at row L."""
+    rows = []
+    for m in ("d1_norm", "d_sat_norm", "flips_norm"):
+        censored = scores[m] >= 1 if m == "d1_norm" else pd.Series(False, index=scores.index)
+        mean = scores.loc[~censored, m].mean()
+        rows.append({"measure": m, "mean": mean, "median": scores[m].median(), "mean (layers)": mean * n_blocks,
+                     "at the output": censored.mean() if m == "d1_norm" else np.nan})
     return pd.DataFrame(rows)
 
 
 def group_depths(df: pd.DataFrame, group: str, *, n_boot: int, seed: int) -> pd.DataFrame:
-    """Mean d₁/L and d_sat/L per group over its tokens, the interval from resampling
-    passages: ``[group, estimate, lo, hi, n (passages), n_rows (tokens), measure]``."""
+    """Mean d₁/L (before the output) and d_sat/L per group over its tokens, the
+    interval from resampling passages: ``[group, estimate, lo, hi, n (passages),
+    n_rows (tokens), measure]``, and for d₁ the share at the output (``censored``,
+    ``censored_lo``, ``censored_hi``, ``n_censored``)."""
     if df.empty:
         return pd.DataFrame(columns=[group, *GROUP_COLUMNS])
-    parts = [stats.unit_mean(df, m, "item", group, n_boot=n_boot, seed=seed).assign(measure=m) for m in MEASURES]
-    return pd.concat(parts, ignore_index=True)
+    d1 = stats.censored_mean(df, "d1_norm", 1.0, group, unit="item", n_boot=n_boot, seed=seed).assign(measure="d1_norm")
+    d_sat = stats.unit_mean(df, "d_sat_norm", "item", group, n_boot=n_boot, seed=seed).assign(measure="d_sat_norm")
+    return pd.concat([d1, d_sat], ignore_index=True)
 
 
 def pos_tables(
@@ -100,8 +110,9 @@ def _unit_ci(n_units: int, stat: Callable[[np.ndarray], float], *, n_boot: int, 
 
 def class_difference(kept: pd.DataFrame, measure: str = "d1_norm", *, n_boot: int, seed: int) -> stats.CI:
     """Mean ``measure`` of content minus function words, the interval from resampling
-    passages (both classes of a passage go in or out together)."""
-    d = kept[kept["word_class"].isin(["function", "content"])]
+    passages (both classes of a passage go in or out together); a d₁ at the output
+    is censored, not a value, and left out."""
+    d = kept[kept["word_class"].isin(["function", "content"]) & ((kept[measure] < 1) if measure == "d1_norm" else True)]
     if d.empty or d["word_class"].nunique() < 2:
         return stats.CI(np.nan, np.nan, np.nan, 0)
     agg = d.pivot_table(index="item", columns="word_class", values=measure, aggfunc=["sum", "count"], fill_value=0)
@@ -117,7 +128,13 @@ def class_difference(kept: pd.DataFrame, measure: str = "d1_norm", *, n_boot: in
 
 def _est(summary: pd.DataFrame, group: str, measure: str, key: str) -> str:
     r = summary[(summary["measure"] == measure) & (summary[group].astype(str) == key)]
-    return "—" if r.empty else narrate.estimate(r["estimate"].iloc[0], r["lo"].iloc[0], r["hi"].iloc[0], digits=2)
+    if r.empty:
+        return "—"
+    r = r.iloc[0]
+    text = narrate.estimate(r["estimate"], r["lo"], r["hi"], digits=2)
+    if measure != "d1_norm" or "censored" not in r or not np.isfinite(r["censored"]):
+        return text
+    return f"{text} before the output ({narrate.share(r['censored'], r['censored_lo'], r['censored_hi'], digits=0)} only at the output, not before)"
 
 
 def groups_text(bucket_summary: pd.DataFrame, class_summary: pd.DataFrame, gap: stats.CI, scores: pd.DataFrame) -> str:
@@ -164,6 +181,13 @@ def dtr_text(dtr: pd.DataFrame, rho: float, *, n_boot: int, seed: int) -> str:
     )
 
 
+def _exit_layer(layer: float, n_blocks: int) -> str:
+    # An exit at row L is the full model: "no exit before the output", never "layer L of L".
+    if np.isnan(layer):
+        return "no exit layer"
+    return "no exit before the output" if layer >= n_blocks else f"layer {layer:.0f} of {n_blocks}"
+
+
 def _pct(v: float) -> str:
     return "not reached" if np.isnan(v) else f"{v:.0%}"
 
@@ -199,7 +223,7 @@ def exit_text(
 {split}
 
 * {conf_line}
-* a **fixed exit layer** saves {_pct(fixed['saving'])} (layer {fixed['param']:.0f} of {info.n_blocks}, agreement {_pct(fixed.get('agreement', np.nan))});
+* a **fixed exit layer** saves {_pct(fixed['saving'])} ({_exit_layer(fixed['param'], info.n_blocks)}, agreement {_pct(fixed.get('agreement', np.nan))});
 * the oracles save {_pct(osat['saving'])} (exit at d_sat) and {_pct(o1['saving'])} (exit at d₁): what a perfect exit rule could reach.
 
 The saving counts transformer blocks only. Testing the confidence needs a lens read-out per layer: one unembedding has
@@ -243,22 +267,26 @@ def verify_text(verify: pd.DataFrame, n_passages: int, seconds: float) -> str:
 def headline_table(
     scores: pd.DataFrame, dtr: pd.DataFrame, saving: pd.DataFrame, target: float, *, n_boot: int, seed: int
 ) -> pd.DataFrame:
-    """The chapter's headline numbers: ``[quantity, value, lo, hi, n]``; means over
-    tokens with intervals over passages, savings as operating points (no interval)."""
-    rows = []
-    for name, col in (("mean onset depth d1/L", "d1_norm"), ("mean saturation depth d_sat/L", "d_sat_norm"),
-                      ("mean flips / L", "flips_norm")):
+    """The chapter's headline numbers: ``[quantity, value, lo, hi, n, censored]``;
+    means over tokens with intervals over passages (d₁ over the tokens before the
+    output, ``censored`` its share at the output), savings as operating points (no
+    interval)."""
+    d1 = stats.censored_mean(scores, "d1_norm", 1.0, unit="item", n_boot=n_boot, seed=seed).iloc[0]
+    rows = [("mean onset depth d1/L", d1["estimate"], d1["lo"], d1["hi"], d1["n"], d1["censored"])]
+    for name, col in (("mean saturation depth d_sat/L", "d_sat_norm"), ("mean flips / L", "flips_norm")):
         r = stats.unit_mean(scores, col, "item", n_boot=n_boot, seed=seed).iloc[0]
-        rows.append((name, r["estimate"], r["lo"], r["hi"], r["n"]))
-    rows.append(("mean deep-thinking ratio", *stats.bootstrap_ci(dtr["dtr"], n_boot=n_boot, seed=seed)))
+        rows.append((name, r["estimate"], r["lo"], r["hi"], r["n"], np.nan))
+    rows.append(("mean deep-thinking ratio", *stats.bootstrap_ci(dtr["dtr"], n_boot=n_boot, seed=seed), np.nan))
     s = saving.set_index("policy")["saving"]
     for policy, label in SAVING_LABELS.items():
-        rows.append((f"block saving at {target:.0%} agreement, {label}", s[policy], np.nan, np.nan, scores["item"].nunique()))
-    return pd.DataFrame(rows, columns=["quantity", "value", "lo", "hi", "n"]).astype({"n": "float64"})
+        rows.append((f"block saving at {target:.0%} agreement, {label}", s[policy], np.nan, np.nan, scores["item"].nunique(), np.nan))
+    return pd.DataFrame(rows, columns=["quantity", "value", "lo", "hi", "n", "censored"]).astype({"n": "float64"})
 
 
 def headlines(run: Any) -> pd.DataFrame:
-    """The saved ``headline`` table: depths already divided by L, shares as shares."""
+    """The saved ``headline`` table: depths already divided by L, shares as shares;
+    ``censored``: d₁'s share of tokens at the output (NaN elsewhere and for runs saved
+    before it was counted)."""
     h = run["headline"]
     depth = h["quantity"].str.startswith(("mean onset", "mean saturation", "mean flips"))
     out = pd.DataFrame(
@@ -270,6 +298,7 @@ def headlines(run: Any) -> pd.DataFrame:
             "n": h["n"].astype(float) if "n" in h else np.nan,
             # d1/L etc. are fractions of the depth already: never divided by L again.
             "scale": np.where(depth, "other", "share"),
+            "censored": h["censored"].astype(float) if "censored" in h else np.nan,
         }
     )
-    return out[HEADLINE_COLUMNS].reset_index(drop=True)
+    return out[[*HEADLINE_COLUMNS, "censored"]].reset_index(drop=True)
