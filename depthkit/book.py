@@ -32,12 +32,12 @@ from depthkit import book_pages, plots, reference, tether, verdicts
 from depthkit.book_site import ROOT, BookError, build_html, prepare_static, write_build_toc
 from depthkit.cache import atomic_write
 from depthkit.stamps import (
+    fingerprint_of,
     is_current,
     output_paths,
     read_stamp,
     results_digest,
     run_hash,
-    source_fingerprint,
 )
 
 __all__ = ["ROOT", "BookError", "build_book", "chapter_params", "execute_chapter", "run_chapter"]
@@ -229,7 +229,7 @@ def execute_chapter(
     executed, stamp_path, partial = output_paths(out_dir, chapter.slug)
     reads_results = getattr(chapter, "reads_results", False) and params.get("results_root")
     inputs = results_digest(Path(params["results_root"])) if reads_results else ""
-    digest = run_hash(source, params, fingerprint, inputs)
+    digest = run_hash(source, params, fingerprint if fingerprint is not None else fingerprint_of(chapter), inputs)
     if not force and is_current(out_dir, chapter.slug, digest):
         return ChapterResult(chapter, "unchanged", executed, 0.0)
 
@@ -323,7 +323,6 @@ def build_book(
     results_root = Path(results_root or os.environ.get("DEPTHKIT_RESULTS") or root / "results").resolve()
     out_dir = root / "book" / "chapters"
     build_dir = root / "_build"
-    fingerprint = source_fingerprint()
     # Every chapter's parameters are checked before the first one runs.
     planned = [(c, chapter_params(c, model, results_root, smoke, extra)) for c in chapters]
     if execute:
@@ -349,7 +348,7 @@ def build_book(
             stamp = read_stamp(output_paths(out_dir, chapter.slug)[1]) or {}
             params = {**params, **{k: v for k, v in stamp.get("params", {}).items() if k != "results_root"}}
         result = execute_chapter(
-            chapter, params, out_dir, force=force, progress=progress, work_dir=build_dir, fingerprint=fingerprint
+            chapter, params, out_dir, force=force, progress=progress, work_dir=build_dir
         )
         if result.status == "unchanged":
             echo(f"      unchanged since its last run, not executed ({result.notebook.name})")

@@ -63,6 +63,7 @@ class ReferenceRun:
     def is_stale(self, fingerprint: str | None = None) -> bool:
         """True when the notebook or depthkit's code (or a package that shapes the
         results) changed since the run: the runner's hash of the run differs."""
+        fingerprint = fingerprint if fingerprint is not None else stamps.fingerprint_of(self.chapter)
         digest = stamps.run_hash(self.chapter.notebook, self.stamp.get("params", {}), fingerprint)
         return digest != self.stamp.get("hash")
 
@@ -225,12 +226,11 @@ def install(
     build executes) and every robustness run; returns {model: [page paths under
     ``pages``]}. Warns about stale ones and about runs the user's own results take
     precedence over."""
-    fingerprint = stamps.source_fingerprint()
     parts: dict[str, list[str]] = {}
     for ref in refs:
         if ref.variant is None and model_slug(ref.model) == model_slug(skip_model):
             continue
-        stale = ref.is_stale(fingerprint)
+        stale = ref.is_stale()
         if stale:
             echo(
                 f"      warning: the {_kind(ref)} of chapter {ref.chapter.id} on {ref.model} predates a change to its "

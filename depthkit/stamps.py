@@ -40,14 +40,27 @@ def results_digest(results_root: Path) -> str:
     return digest.hexdigest()
 
 
-def source_fingerprint() -> str:
+def _other_chapters(rel: str, chapter_id: str | None) -> bool:
+    """True for code that only other chapters run: their own modules, and the
+    verdicts that only chapter 07 (which reads every chapter) computes."""
+    if chapter_id is None:
+        return False
+    own = rel.startswith(f"chapters/ch{chapter_id}_") or not rel.startswith("chapters/ch")
+    return not own or rel == "verdicts.py"
+
+
+def source_fingerprint(chapter_id: str | None = None) -> str:
     """Hash of depthkit's code and data files (but the runner's) and of the
-    versions of the packages that shape results: a change to any of them makes
-    every chapter stale."""
+    versions of the packages that shape results: a change to any of them makes a
+    chapter stale. With ``chapter_id``, the modules of other chapters are left out,
+    so editing chapter 03's module does not make chapter 02's run stale; without
+    it (a chapter reading every chapter's results, e.g. 07) all code counts."""
     digest = hashlib.sha256()
     for path in sorted(PACKAGE_DIR.rglob("*")):
         rel = path.relative_to(PACKAGE_DIR).as_posix()
         if rel in _RUNNER_FILES or rel.startswith("exercises/"):  # no chapter imports the exercises
+            continue
+        if _other_chapters(rel, chapter_id):
             continue
         if path.is_file() and path.suffix in {".py", ".json", ".jsonl"} and "__pycache__" not in path.parts:
             digest.update(path.relative_to(PACKAGE_DIR).as_posix().encode())
@@ -59,6 +72,11 @@ def source_fingerprint() -> str:
             version = "-"
         digest.update(f"{name}=={version}".encode())
     return digest.hexdigest()
+
+
+def fingerprint_of(chapter: Any) -> str:
+    """:func:`source_fingerprint` as it applies to ``chapter``."""
+    return source_fingerprint(None if getattr(chapter, "reads_results", False) else chapter.id)
 
 
 def run_hash(notebook: Path, params: dict[str, Any], fingerprint: str | None = None, inputs: str = "") -> str:

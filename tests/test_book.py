@@ -91,8 +91,15 @@ def test_run_hash_changes_with_notebook_params_and_code(chapter: ToyChapter) -> 
     assert base != book.run_hash(chapter.notebook, {"n": 1}, "code-a")
 
 
-def test_source_fingerprint_is_stable() -> None:
-    assert book.source_fingerprint() == book.source_fingerprint()
+def test_source_fingerprint_is_stable_and_leaves_out_only_other_chapters_code() -> None:
+    from depthkit import stamps
+
+    assert stamps.source_fingerprint() == stamps.source_fingerprint()
+    assert len({stamps.source_fingerprint(), stamps.source_fingerprint("02"), stamps.source_fingerprint("03")}) == 3
+    mine = ("chapters/ch03_fact_recall.py", "stats.py", "chapters/__init__.py", "datafiles/facts.jsonl")
+    assert not any(stamps._other_chapters(rel, "03") for rel in mine)
+    assert all(stamps._other_chapters(rel, "03") for rel in ("chapters/ch02_mcq_collection_vs_reasoning.py", "verdicts.py"))
+    assert not any(stamps._other_chapters(rel, None) for rel in ("chapters/ch02_mcq_collection_vs_reasoning.py", "verdicts.py"))
 
 
 @pytest.mark.parametrize(("seconds", "text"), [(3.21, "3.2 s"), (119.94, "119.9 s"), (359.6, "6 min 0 s"), (754, "12 min 34 s")])

@@ -31,7 +31,7 @@ def made(tmp_path: Path) -> tuple[ToyChapter, Path, Path]:
     executed, stamp_path, _ = stamps.output_paths(pages, ch.slug)
     page = book_pages.insert_run_box(nbformat.read(nb, as_version=4), "box")
     executed.write_text(nbformat.writes(page))
-    stamp = {"chapter": ch.id, "hash": stamps.run_hash(nb, params), "params": params, "elapsed_s": 61.0, "cpus": 2,
+    stamp = {"chapter": ch.id, "hash": stamps.run_hash(nb, params, stamps.fingerprint_of(ch)), "params": params, "elapsed_s": 61.0, "cpus": 2,
              "finished": "2026-12-03T10:00:00+0000"}  # fmt: skip
     stamp_path.write_text(json.dumps(stamp))
     with RunRecorder(ch.slug, {"name": MODEL}, {"n": 3}, 0, root=results) as rec:
