@@ -37,16 +37,14 @@ from depthkit import results as saved
 from depthkit.cache import atomic_write
 from depthkit.chapters import CHAPTERS, paper_reference, run_headlines
 from depthkit.chapters.ch01_guess_then_refine import Q_EARLY_FLIP, Q_FINAL, Q_FLIP, Q_L1
+from depthkit.chapters.ch02_mcq_collection_vs_reasoning import LENS_FLOOR, ONE_ANSWER_MAX
 from depthkit.results import ResultsError, Run, list_runs, load_run
 from depthkit.stats import MIN_N, bootstrap_ci, unit_mean
 
 OUTCOMES = ("reproduced", "partly", "not reproduced", "not testable")
-# Below half agreement one layer before the output, the lens reads something other
-# than what the model is about to say, and layer readings say little about the model.
-LENS_FLOOR = 0.5
-# Above this share one answer leads whatever the prompt: a "settled" layer marks
-# where that answer takes the lead, not where the task is solved.
-ONE_ANSWER_MAX = 0.8
+# The testability thresholds chapter 02 states in its own text (LENS_FLOOR: lens
+# agreement with the model at L−1; ONE_ANSWER_MAX: share of prompts given one answer),
+# so a chapter and its verdict can never disagree on them.
 # Runs of the same models under another lens, convention or seed, one results root
 # each: results/_robustness/<variant>/<model>/<chapter>/.
 ROBUSTNESS_DIR = "_robustness"
@@ -498,7 +496,7 @@ def _derive_03(run: Run, other: Callable[[str], Run | None]) -> list[tuple]:
     last = r[(r["layer"] == L - 1) & r["correct"].astype(bool)]
     rows = [(Q_AGREE, *_share((last["rank"] == 1).sum(), len(last), run))] if len(last) else []
     for t in (2, 3):
-        d = token_difference(run["onsets"], main, t, 1, **_boot(run))
+        d = token_difference(run["onsets"], main, t, 1, n_blocks=L, **_boot(run))  # onsets at L are censored
         rows.append((Q_TOKEN_GAP.format(t=t), d["diff"] / L, d["lo"] / L, d["hi"] / L, d["n"]))
     return rows
 

@@ -63,8 +63,10 @@ def test_layer_summary_states_the_order_only_with_an_interval():
         acc = mcq.accuracy(r)
         text = ch.layer_summary(est, acc, _prompts(n_items), r, 4, n_boot=50, seed=0)
         assert ("settled answers are 2.0 layers later than collected options" in text) is finding
-        # 4 prompts: no interval for the accuracy either, so the task cannot be tested at all
-        assert ("Accuracy does not clear the majority baseline of 50%" in text) is not finding
+        # 4 prompts: no interval for the accuracy either, so the task cannot be tested at all, and the text says why
+        assert ("**not testable on this model**" in text) is not finding
+        assert ("because only 4 prompts kept, fewer than 10, so nothing here has an interval" in text) is not finding
+        assert ("is testable on 1 of 1 tasks (mmlu)." in text) is finding
         assert "95%" not in text  # the old ad-hoc formatter
 
 
@@ -75,7 +77,10 @@ def test_a_task_at_its_majority_baseline_says_nothing_about_reasoning():
     r = ranks_frame(n_items=12)
     text = ch.layer_summary(mcq.layer_estimates(r, n_boot=50, seed=0), mcq.accuracy(r), _prompts(12, balanced=False), r, 4,
                             n_boot=50, seed=0)
-    assert "majority baseline 100%" in text and "says nothing about a reasoning stage" in text
+    assert "majority baseline 100%" in text and "**not testable on this model**" in text
+    assert "cannot be tested on mmlu, because accuracy 100 % (95 % CI 74–100 %) does not clear the majority baseline of 100%" in text
+    assert "the model gives one answer (option 'B') to 100.0% of the prompts, more than 80%" in text
+    assert "testable on 0 of 1 tasks: on this model no task tests it" in text
     assert "later than collected options" not in text
     assert mcq.majority_baseline(_prompts(12)).loc["mmlu"] == 0.5
 
@@ -130,17 +135,71 @@ def test_paper_rows():
     assert ch.PAPER.set_index("quantity").loc["MCQ answer settled", "lo"] == 0.5
 
 
+def _control_frames(sym_collection: float = np.nan, sym_peak: float = 0.0, sym_acc: float = 0.5, orig_collection: float = 28.0):
+    est = pd.DataFrame({"variant": ["original", "symbols"], "collection_layer": [orig_collection, sym_collection],
+                        "collection_lo": [np.nan] * 2, "collection_hi": [np.nan] * 2, "peak_collected_share": [1.0, sym_peak],
+                        "decision_layer": [30.0, 25.0], "decision_lo": [29.0, np.nan], "decision_hi": [30.0, np.nan]})
+    acc = pd.DataFrame({"variant": ["original", "symbols"], "accuracy": [0.25, sym_acc], "n": [40, 40],
+                        "majority_baseline": [0.3, 0.3], "top1_option": [0.9, 0.05]})
+    return est, acc
+
+
 def test_control_summary_words_missing_and_measured_layers():
-    est = pd.DataFrame({"variant": ["original", "symbols"], "collection_layer": [28.0, np.nan], "collection_lo": [np.nan] * 2,
-                        "collection_hi": [np.nan] * 2, "peak_collected_share": [1.0, 0.0], "decision_layer": [30.0, 25.0],
-                        "decision_lo": [29.0, np.nan], "decision_hi": [30.0, np.nan]})
-    acc = pd.DataFrame({"variant": ["original", "symbols"], "accuracy": [0.25, 0.5]})
-    text = ch.control_summary(est, acc, "mmlu", 30)
+    est, acc = _control_frames()
+    text = ch.control_summary(est, acc, "mmlu", 30, n_boot=200, seed=0)
     assert "collection layer: never reached, original: layer 28 of 30 (interval cannot be measured" in text
     # a decision layer at L = 30 is the output row: "not before the output", never "layer 30 of 30"
-    assert "original: the output, not before (95 % CI from layer 29)" in text and "accuracy 50% (original 25%)" in text
+    assert "original: the output, not before (95 % CI from layer 29)" in text
+    assert "accuracy 50 % (95 % CI 38–68 %) against a majority baseline of 30% (original 25 % (95 % CI" in text
     assert "of 30 (95 % CI 29–30)" not in text and "layer 30 of 30" not in text
-    assert ch.control_summary(est.iloc[:1], acc.iloc[:1], "mmlu", 30) == "No controls were requested."
+    assert ch.control_summary(est.iloc[:1], acc.iloc[:1], "mmlu", 30, n_boot=200, seed=0) == "No controls were requested."
+
+
+def test_symbol_control_is_read_from_its_numbers():
+    def read(**kw) -> str:
+        est, acc = _control_frames(**kw)
+        return ch.symbol_reading(est, acc, 30, n_boot=200, seed=0)
+
+    # symbols never collected, and the model cannot use them (accuracy at its baseline): the control cannot separate
+    no_use = read(sym_acc=0.3)
+    assert "relabelled with rare symbols they never do, at any layer (peak 0%)" in no_use
+    assert "finds options only when their label tokens are ordinary, frequent tokens" in no_use
+    assert "Nor does the run show the model mapping the symbols onto the options" in no_use and "cannot separate" in no_use
+    assert "one of the symbols for 5% of prompts" in no_use and "neither variant shows the options being used" in no_use
+    # never collected, yet answered above the baseline: collection tracks frequent tokens, not recognised options
+    used = read(sym_acc=0.6)
+    assert "chooses among the symbols better than its baseline" in used and "cannot separate" not in used
+    assert "tracks frequent label tokens rather than recognised options" in used
+    # collected with symbols too: no claim that it depends on frequent tokens, and no unpaired direction
+    kept = read(sym_collection=12.0, sym_peak=0.4, sym_acc=0.6)
+    assert "still reach the top-|O| for up to 40% of prompts (original 100%)" in kept and "not frequent ones" in kept
+    assert "ordinary, frequent tokens" not in kept and "not tested here" in kept
+    assert "says nothing here" in read(orig_collection=np.nan)
+    assert ch.symbol_reading(*(f.iloc[:1] for f in _control_frames()), 30, n_boot=200, seed=0) == ""
+
+
+def _gate_frames(one_answer: float, agreement: float = 0.9, n: int = 40, sets: int = 0):
+    est = pd.DataFrame({"task": ["sst2"], "collection_layer": [5.0], "demo_sets": [sets]})
+    acc = pd.DataFrame({"task": ["sst2"], "n": [n], "accuracy": [0.9], "majority_answer": [0], "majority_share": [one_answer]})
+    prompts = pd.DataFrame({"task": "sst2", "options": [(" negative", " positive")] * n, "gold": [i % 2 for i in range(n)]})
+    exits = pd.DataFrame({"task": ["sst2"], "layer": [29], "agreement": [agreement]})
+    return est, acc, prompts, exits
+
+
+def test_testability_gates_one_answer_lens_and_size():
+    def why(*args, **kw) -> pd.Series:
+        est, acc, prompts, exits = _gate_frames(*args, **kw)
+        return ch.testability(est, acc, prompts, exits=exits, n_blocks=30, n_boot=200, seed=0).iloc[0]
+
+    assert why(0.8)["testable"] and why(0.8)["why"] == ""  # 80 % is the limit, not over it
+    r = why(0.945)
+    assert not r["testable"] and r["why"] == ("the model gives one answer (option 'negative') to 94.5% of the prompts, more than "
+                                              "80%, so a 'settled' layer marks where that answer takes the lead, not where the task is solved")
+    lens = why(0.5, agreement=0.4)
+    assert not lens["testable"] and "the lens agrees with the model at layer L−1 on 40% of the prompts, below 50%" in lens["why"]
+    few = why(0.5, sets=4)
+    assert not few["testable"] and few["why"].startswith("only 4 demonstration sets kept, fewer than 10")
+    assert ch.ONE_ANSWER_MAX == 0.8 and ch.LENS_FLOOR == 0.5
 
 
 def test_patching_summary_without_a_control_says_why():

@@ -104,3 +104,41 @@ def test_onsets_at_the_output_are_censored_not_averaged_in():
     # a pair with a censored token is no paired difference
     two = pd.concat([on, on.assign(token=2, onset=12.0)], ignore_index=True)
     assert ch.token_difference(two, "curated", 1, 2, 30, n_boot=50, seed=0)["n"] == 15
+
+
+def test_headline_compares_each_position_with_the_paper():
+    def text(first: float, last: float, n: int = 20) -> str:
+        on = onsets_frame(n, first, last)
+        return ch.summary(k1_of(on), on, ["curated"], 30, n_boot=200, seed=0)
+
+    # token 3 at ≈ 26 of 30 (0.87 L), the paper's 12 of 32 (0.38 L): later tokens do not settle early here
+    late = text(27, 26)
+    assert ("answer token 3: rank-1 onset at 0.87 (95 % CI 0.86–0.88) of the depth (20 tokens before the output, 0% of those "
+            "reaching rank 1 only at the output); paper 0.38 — **not reproduced**: later in the depth than the paper's value") in late
+    assert "paper 0.84 — later in the depth than the paper's value" in late  # token 1: compared, never "reproduced"
+    assert "the paper's token 1 − token 3 is 0.47 of the depth — **reproduced in direction only**" in late
+    # as in the paper: both the position and the decline agree with it
+    like = text(25, 11)
+    assert "paper 0.38 — consistent with the paper's value (its interval includes it)" in like
+    assert "**reproduced**: a clear decline whose interval includes the paper's" in like and "not reproduced" not in like
+    flat = text(20, 20)
+    assert "**not reproduced**: no clear decline, and the interval lies below the paper's decline" in flat
+    # too few answers: no interval, no verdict either way
+    few = text(27, 26, n=6)
+    assert "reproduced" not in few and few.count("no interval, so no comparison is drawn") == 3
+    # the headline (per position) comes first; the per-dataset details follow, marked as secondary
+    assert late.index("answer token 3:") < late.index(ch.POOLED_NOTE) < late.index("**curated**, correctly predicted tokens — ")
+
+
+def test_paper_comparison_is_per_dataset_and_position_in_fractions_of_depth():
+    on = pd.concat([onsets_frame(20, 27, 26), onsets_frame(20, 25, 11).assign(dataset="trivia_qa", item=lambda f: f["item"] + 100)],
+                   ignore_index=True)
+    k1 = k1_of(on)
+    c = ch.paper_comparison(k1, on, ["curated", "trivia_qa"], 30, n_boot=200, seed=0)
+    assert list(c["dataset"]) == ["curated"] * 3 + ["trivia_qa"] * 3 and list(c["token"]) == [1, 3, 3] * 2
+    pos = c[~c["quantity"].str.contains("paired")].set_index(["dataset", "token"])
+    want = k1[k1["correct"]].set_index(["dataset", "token"])["mean_onset"] / 30
+    assert np.allclose(pos["value"], want.loc[pos.index]) and np.allclose(pos["paper"], [27 / 32, 12 / 32] * 2)
+    assert pos.loc[("curated", 3), "reading"].startswith("not reproduced")
+    assert pos.loc[("trivia_qa", 3), "reading"].startswith("consistent")
+    assert ch.headline_summary(c.iloc[:0]).startswith("No correctly predicted answer token")

@@ -49,6 +49,23 @@ def test_update_curves_cover_every_panel_with_intervals_over_passages():
     assert (curves["lo"] <= curves["mean"] + 1e-12).all() and (curves["mean"] <= curves["hi"] + 1e-12).all()
 
 
+def test_block_statistics_sit_at_the_layer_they_write():
+    # one axis: block b's curve point at residual layer b + 1, next to the lens curves at layers 0..L
+    u = _updates()
+    curves = ch.update_curves(u, n_boot=20, seed=0)
+    assert sorted(curves["x"].unique()) == list(range(1, N_BLOCKS + 1))
+    rel = curves[curves["stat"] == "block_rel"].set_index("x")["mean"]
+    assert rel.loc[1] == pytest.approx(u[u["block"] == 0]["block_rel"].mean())
+    kl, top = _lens_frames()
+    lens = ch.lens_curves(kl, top, "tuned", n_boot=20, seed=0)
+    assert lens["x"].max() == N_BLOCKS and rel.index.max() == N_BLOCKS  # the output row: block L-1 writes layer L
+    diff = ch.mlp_vs_attention(u, n_boot=20, seed=0)
+    assert (diff["layer"] == diff["block"] + 1).all()
+    sens = ch.split_sensitivity(u, n_boot=20, seed=0).set_index("statistic")
+    assert sens.loc["block_rel", "split"] == 6
+    assert "Block b reads the residual stream at layer ℓ = b and writes layer ℓ = b + 1" in ch.CONVENTION
+
+
 def test_no_interval_below_min_n_passages():
     curves = ch.update_curves(_updates(n_items=stats.MIN_N - 1), n_boot=20, seed=0)
     assert curves["lo"].isna().all() and curves["hi"].isna().all()
@@ -63,7 +80,8 @@ def test_transitions_find_the_knot_and_append_patching():
     assert t["name"].iloc[0].startswith("ℓ*")
     assert np.isnan(t["mode_share"].iloc[-1])  # a patching row saved without it
     assert t["censored_share"].iloc[:2].isna().all()  # ℓ* and the knee are no "first reached" layers
-    assert t["estimate"].iloc[0] == 5
+    # the log curve bends at block 5, which writes residual layer 6: ℓ* is a layer, like the others in the table
+    assert t["estimate"].iloc[0] == 6
     assert t.set_index("name").loc["Top-10 share reaches its final level", "estimate"] == 7
     assert t["name"].iloc[-1] == "patching transition (a→b)"
     assert t["estimate / L"].iloc[-1] == pytest.approx(0.3)
@@ -92,7 +110,9 @@ def test_mlp_vs_attention_interval_excludes_zero_and_prose_says_so():
     assert "excludes zero in 8 blocks with the MLP larger and 0 with attention larger" in text
     assert "no block-wise difference is claimed" not in text
     # every resample puts ℓ* on block 5: a share of resamples on the grid, not "95 % CI 5–5"
-    assert "ℓ\\* = layer 5 in 100 % of resamples (grid: 1 layer)" in text and "(95 % CI 5–5)" not in text
+    assert "ℓ\\* = layer 6 in 100 % of resamples (grid: 1 layer)" in text and "(95 % CI 6–6)" not in text
+    assert "a block's\nstatistics sitting at the layer ℓ = b + 1 it writes" in text
+    assert "blocks that write layers 2–9 (blocks 1–8)" in text
 
 
 def test_summary_claims_no_blockwise_difference_without_intervals():
@@ -111,9 +131,11 @@ def test_skip_text_describes_without_claiming_a_difference():
     later = pd.DataFrame([{"skipped": s, "layer": N_BLOCKS, "rel_change": 0.1 * s} for s in range(N_BLOCKS)])
     output = pd.DataFrame([{"skipped": s, "kl": float(s), "top1_agreement": 1 - 0.05 * s} for s in range(N_BLOCKS)])
     text = ch.skip_text(later, output, split=5, n_passages=1, seconds=1.0)
-    assert "9 (KL 9.00 nats" in text
+    assert "block 9 (writes layer 10; KL 9.00 nats" in text
     assert "Removing any one of 7 of 10 blocks" in text
-    assert "before ℓ\\* (5 blocks): 2.00 nats; from ℓ\\* on (5 blocks): 7.00 nats" in text
+    # ℓ* = 5 is a residual layer: blocks 0-3 write layers 1-4 before it, blocks 4-9 write 5-10
+    assert "write layers before ℓ\\* (4 blocks): 1.50 nats; for those that\n  write ℓ\\* and later (6 blocks): 6.50 nats" in text
+    assert "h_L: 0.15 before ℓ\\*, 0.65 from ℓ\\* on" in text
     assert "no difference between the two sides of ℓ\\* is claimed" in text
     assert "over 1 passage)" in text and "over 3 passages)" in ch.skip_text(later, output, split=5, n_passages=3, seconds=1.0)
 
@@ -130,17 +152,17 @@ def test_one_line_is_not_a_phase_change():
     assert not test.two_segments
     assert "No " in ch.phase_sentence(test, N_BLOCKS) and "Two segments fit clearly" not in ch.phase_sentence(test, N_BLOCKS)
     bent = ch.phase_test(_updates(), "block_rel", n_boot=200, seed=0)
-    assert bent.two_segments and bent.split.estimate == 5 and bent.slope_change.hi < 0
-    assert "one block from the edge" not in ch.phase_sentence(bent, N_BLOCKS)
+    assert bent.two_segments and bent.split.estimate == 6 and bent.slope_change.hi < 0
+    assert "one layer from the edge" not in ch.phase_sentence(bent, N_BLOCKS)
     early = ch.phase_test(_updates(knot=3), "block_rel", n_boot=200, seed=0)
-    assert early.two_segments and "one block from the edge of the range the fit may choose (blocks 2–7)" in ch.phase_sentence(early, N_BLOCKS)
+    assert early.two_segments and "one layer from the edge of the range the fit may choose (layers 3–8)" in ch.phase_sentence(early, N_BLOCKS)
 
 
 def test_a_split_on_the_edge_of_the_fit_range_is_no_phase_change():
-    u = _updates(knot=2)  # fitted blocks 1..8: the knot may sit on 2..7, and 2 is the first
+    u = _updates(knot=2)  # fitted blocks 1..8: the knot may sit on blocks 2..7 (layers 3..8), and 2 is the first
     test = ch.phase_test(u, "block_rel", n_boot=100, seed=0)
-    assert (test.first_knot, test.last_knot) == (2.0, 7.0) and test.split.estimate == 2 and test.at_edge
-    assert not test.two_segments and "sits on the first block the fit may choose" in ch.phase_sentence(test, N_BLOCKS)
+    assert (test.first_knot, test.last_knot) == (3.0, 8.0) and test.split.estimate == 3 and test.at_edge
+    assert not test.two_segments and "sits on the first layer the fit may choose (layers 3–8" in ch.phase_sentence(test, N_BLOCKS)
     frame = test.as_frame()
     assert frame["at_edge"].item() and not frame["two_segments"].item()
 

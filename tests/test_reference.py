@@ -123,3 +123,13 @@ def test_a_robustness_run_is_kept_and_installed_where_the_verdicts_read_it(made,
     assert parts == {}  # no page of its own, even for the model this build runs
     assert robustness_roots(build) == [build / ROBUSTNESS_DIR / "logit"]
     assert load_run(MODEL, ch.slug, build / ROBUSTNESS_DIR / "logit").manifest["status"] == "complete"
+
+
+def test_the_reference_command_says_what_to_do_when_nothing_is_kept(monkeypatch, capsys):
+    from depthkit import cli
+
+    monkeypatch.setattr(reference, "find", lambda *a, **k: [])
+    assert cli.main(["reference", "--variant", "logit"]) == 1
+    assert "depthkit run NN --model NAME --reference" in capsys.readouterr().err
+    assert cli.main(["run", "07", "--reference"]) == 1  # chapter 07 is rebuilt by every book, never kept
+    assert "rebuilt by every book" in capsys.readouterr().err

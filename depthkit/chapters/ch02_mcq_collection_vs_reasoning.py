@@ -21,6 +21,14 @@ if TYPE_CHECKING:
 
 # Thresholds of mcq.layer_estimates' defaults, repeated where the prose names them.
 COLLECT_LEVEL, DECIDE_LEVEL = 0.5, 0.9
+# Testability of the two-stage claim on one task (the gates depthkit.verdicts applies):
+# above ONE_ANSWER_MAX of the prompts getting one answer, a "settled" layer marks where
+# that answer takes the lead, not where the task is solved; below LENS_FLOOR agreement
+# with the model one layer before the output, the lens reads something other than what
+# the model is about to say.
+ONE_ANSWER_MAX = 0.8
+LENS_FLOOR = 0.5
+CLAIM = "the paper's two-stage claim (options collected in the first half, the answer chosen later)"
 TRANSITION = "patching transition"
 FOLLOWS = "follows source's answer"
 
@@ -167,55 +175,99 @@ def demo_note(r: Any) -> str:
     return "intervals resample prompts"
 
 
-def layer_summary(est: pd.DataFrame, acc: pd.DataFrame, prompts: pd.DataFrame, ranks: pd.DataFrame, n_blocks: int, *, n_boot: int, seed: int) -> str:
-    """Per task: where options are collected and where the answer settles; the order
-    of the two, and any reading of the settled layer as a reasoning stage, only
-    where accuracy's interval clears the task's majority baseline."""
+def _answer_name(prompts: pd.DataFrame, task: str, answer: int) -> str:
+    opts = prompts.loc[prompts["task"] == task, "options"].map(tuple)
+    return f"option {opts.iloc[0][answer].strip()!r}" if opts.nunique() == 1 else f"option {answer + 1} of the list"
+
+
+def testability(est: pd.DataFrame, acc: pd.DataFrame, prompts: pd.DataFrame, *, exits: pd.DataFrame | None = None,
+                n_blocks: int | None = None, n_boot: int, seed: int) -> pd.DataFrame:
+    """Per task, whether this run can test :data:`CLAIM`, and why not (``why``, reasons
+    joined by "; "): too few prompts or demonstration sets for an interval; accuracy's
+    interval not above the gold majority baseline; one answer to more than
+    :data:`ONE_ANSWER_MAX` of the prompts; options never collected; and, where
+    ``exits`` are given, the lens agreeing with the model at layer L−1 on fewer than
+    :data:`LENS_FLOOR` of the prompts."""
     baseline = mcq.majority_baseline(prompts)
+    acc = acc.set_index("task")
+    rows = []
+    for r in est.itertuples():
+        a = acc.loc[r.task]
+        n = int(a.n)
+        ci = share_ci(a.accuracy, n, n_boot=n_boot, seed=seed)
+        base = float(baseline.get(r.task, np.nan))
+        sets = int(getattr(r, "demo_sets", 0) or 0)
+        units, unit = (sets, "demonstration sets") if sets > 1 else (n, "prompts")
+        agree = math.nan
+        if exits is not None and n_blocks is not None:
+            e = exits[(exits["task"] == r.task) & (exits["layer"] == n_blocks - 1)]
+            agree = float(e["agreement"].iloc[0]) if len(e) else math.nan
+        why = []
+        if units < stats.MIN_N:
+            why.append(f"only {units} {unit} kept, fewer than {stats.MIN_N}, so nothing here has an interval")
+        elif not (np.isfinite(ci.lo) and ci.lo > base):
+            why.append(f"accuracy {narrate.share(*ci[:3], digits=0)} does not clear the majority baseline of {base:.0%} "
+                       "(always giving the most frequent gold answer)")
+        if a.majority_share > ONE_ANSWER_MAX:
+            why.append(f"the model gives one answer ({_answer_name(prompts, r.task, int(a.majority_answer))}) to "
+                       f"{a.majority_share:.1%} of the prompts, more than {ONE_ANSWER_MAX:.0%}, so a 'settled' layer marks where "
+                       "that answer takes the lead, not where the task is solved")
+        if not np.isfinite(r.collection_layer):
+            why.append("the options never all sit in the top-|O|, so there is no collection layer")
+        if np.isfinite(agree) and agree < LENS_FLOOR:
+            why.append(f"the lens agrees with the model at layer L−1 on {agree:.0%} of the prompts, below {LENS_FLOOR:.0%}")
+        rows.append({"task": r.task, "n": n, "units": units, "accuracy": a.accuracy, "accuracy_lo": ci.lo, "accuracy_hi": ci.hi,
+                     "majority_baseline": base, "one_answer_share": float(a.majority_share), "lens_agreement_L-1": agree,
+                     "testable": not why, "why": "; ".join(why)})
+    return pd.DataFrame(rows)
+
+
+def layer_summary(est: pd.DataFrame, acc: pd.DataFrame, prompts: pd.DataFrame, ranks: pd.DataFrame, n_blocks: int, *,
+                  exits: pd.DataFrame | None = None, n_boot: int, seed: int) -> str:
+    """Per task: whether the run can test :data:`CLAIM` (:func:`testability`), saying
+    plainly why not where it cannot; where the options are collected and where the
+    answer settles; and the order of the two, stated only on a testable task."""
+    tb = testability(est, acc, prompts, exits=exits, n_blocks=n_blocks, n_boot=n_boot, seed=seed).set_index("task")
     lines = []
     for r in est.itertuples():
-        a = acc.set_index("task").loc[r.task]
+        a, t = acc.set_index("task").loc[r.task], tb.loc[r.task]
         half = ("first half; " if r.collection_layer <= n_blocks / 2 else "second half; ") if np.isfinite(r.collection_layer) else ""
         if np.isfinite(r.collection_lo) and r.collection_lo <= n_blocks / 2 < r.collection_hi:
             half = half.replace(";", ", but its interval reaches into both halves;")
-        order = ""
-        if np.isfinite(r.collection_layer) and np.isfinite(r.decision_layer):
-            d = order_difference(ranks, r.task, n_boot=n_boot, seed=seed)
-            order = " — " + narrate.difference(d.estimate, d.lo, d.hi, more="later", less="earlier", subject="settled answers", than="collected options")
-        opts = prompts.loc[prompts["task"] == r.task, "options"].map(tuple)
-        same = f"option {opts.iloc[0][int(a.majority_answer)]!r}" if opts.nunique() == 1 else f"option {int(a.majority_answer) + 1} of the list"
-        alike = (
-            f" The model gives the same answer ({same}) to {a.majority_share:.0%} of these prompts, so its 'settled' layer "
-            "marks where this option takes the lead, not where the task is solved."
-            if a.majority_share >= 0.9 else ""
-        )
-        ci = share_ci(a.accuracy, int(a.n), n_boot=n_boot, seed=seed)
-        base = float(baseline.get(r.task, np.nan))
-        testable = np.isfinite(ci.lo) and ci.lo > base
-        settled = (
-            f"answer settled at {_est_layer(r, 'decision', n_blocks)}{order}.{alike}"
-            if testable
-            else f"answer settled at {_est_layer(r, 'decision', n_blocks)}. **Accuracy does not "
-            f"clear the majority baseline of {base:.0%}** (always giving the most frequent gold answer)"
-            + ("" if np.isfinite(ci.lo) else f" or has no interval ({narrate.NO_INTERVAL})")
-            + ", so on this task the settled layer says nothing about a reasoning stage."
-        )
+        layers = (f"options collected at {_est_layer(r, 'collection', n_blocks)} ({half}peak share {r.peak_collected_share:.0%} "
+                  f"at layer {r.peak_layer}); answer settled at {_est_layer(r, 'decision', n_blocks)}")
+        if t.testable:
+            order = ""
+            if np.isfinite(r.collection_layer) and np.isfinite(r.decision_layer):
+                d = order_difference(ranks, r.task, n_boot=n_boot, seed=seed)
+                order = " — " + narrate.difference(d.estimate, d.lo, d.hi, more="later", less="earlier", subject="settled answers",
+                                                   than="collected options")
+            verdict = f"**testable**: {layers}{order}."
+        else:
+            verdict = (f"**not testable on this model**: {CLAIM} cannot be tested on {r.task}, because {t.why}. "
+                       f"Measured all the same, without a reading as stages: {layers}.")
         lines.append(
-            f"* **{r.task}** (n = {r.n}, {demo_note(r)}; accuracy {narrate.share(*ci[:3], digits=0)}, majority baseline {base:.0%}, "
-            f"top-1 is an option for {a.top1_option:.0%}): "
-            f"options collected at {_est_layer(r, 'collection', n_blocks)} "
-            f"({half}peak share {r.peak_collected_share:.0%} at layer {r.peak_layer}); {settled}"
+            f"* **{r.task}** (n = {r.n}, {demo_note(r)}; accuracy {narrate.share(t.accuracy, t.accuracy_lo, t.accuracy_hi, digits=0)}, "
+            f"majority baseline {t.majority_baseline:.0%}, most frequent answer given to {t.one_answer_share:.1%}, "
+            f"top-1 is an option for {a.top1_option:.0%}): {verdict}"
         )
+    ok = list(tb.index[tb["testable"].astype(bool)])
+    count = (f"{CLAIM[0].upper()}{CLAIM[1:]} is testable on {len(ok)} of {len(tb)} tasks"
+             + (f" ({', '.join(ok)})." if ok else ": on this model no task tests it, and no layer below is a finding about it."))
     return (
         f"Collection layer: the first layer where the share of prompts with every option in the top-|O| reaches "
         f"{COLLECT_LEVEL:.0%} of its peak. Decision layer: the first layer from which at least {DECIDE_LEVEL:.0%} of prompts "
-        "already have the final answer as their most probable option.\n\n" + "\n".join(lines)
+        "already have the final answer as their most probable option. A task tests the claim only if accuracy's interval "
+        f"clears its majority baseline, no answer is given to more than {ONE_ANSWER_MAX:.0%} of the prompts"
+        + (f", the lens agrees with the model at layer L−1 on at least {LENS_FLOOR:.0%} of them" if exits is not None else "")
+        + f" and there are at least {stats.MIN_N} prompts (or demonstration sets) to resample.\n\n{count}\n\n" + "\n".join(lines)
     )
 
 
 def controls(model: Model, prompts: pd.DataFrame, ranks: pd.DataFrame, lens, p: Mapping[str, Any]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(shares, layer estimates, accuracy) of the control task with its original,
-    relabelled and permuted options, each with a ``variant`` column."""
+    relabelled and permuted options, each with a ``variant`` column (the accuracy also
+    with the variant's gold ``majority_baseline``)."""
     task = p["control_task"]
     in_run = task in p["tasks"]
     variants = {"original": prompts[prompts["task"] == task] if in_run else task_prompts(model, task, p)}
@@ -229,7 +281,8 @@ def controls(model: Model, prompts: pd.DataFrame, ranks: pd.DataFrame, lens, p: 
              else mcq.option_ranks(model, frame.reset_index(drop=True), lens=lens, convention=p["convention"]))
         out[0].append(mcq.collection_reasoning(r).assign(variant=name))
         out[1].append(mcq.layer_estimates(r, n_boot=p["n_boot"], seed=p["seed"]).assign(variant=name))
-        out[2].append(mcq.accuracy(r).assign(variant=name))
+        base = float(mcq.majority_baseline(frame).get(task, np.nan))
+        out[2].append(mcq.accuracy(r).assign(variant=name, majority_baseline=base))
     shares, est, acc = (pd.concat(x, ignore_index=True) for x in out)
     return shares, est, acc
 
@@ -239,7 +292,60 @@ def control_table(est: pd.DataFrame, acc: pd.DataFrame) -> pd.DataFrame:
     return est.merge(acc[["variant", "accuracy"]], on="variant")[cols].round(2)
 
 
-def control_summary(est: pd.DataFrame, acc: pd.DataFrame, task: str, n_blocks: int) -> str:
+def _control_accuracy(a: pd.Series, *, n_boot: int, seed: int) -> tuple[str, bool]:
+    """A variant's accuracy in words against its majority baseline, and whether its
+    interval clears that baseline."""
+    ci = share_ci(float(a["accuracy"]), int(a["n"]), n_boot=n_boot, seed=seed)
+    base = float(a.get("majority_baseline", np.nan))
+    above = bool(np.isfinite(ci.lo) and np.isfinite(base) and ci.lo > base)
+    words = narrate.share(*ci[:3], digits=0) + (f" against a majority baseline of {base:.0%}" if np.isfinite(base) else "")
+    return words, above
+
+
+def symbol_reading(est: pd.DataFrame, acc: pd.DataFrame, n_blocks: int, *, n_boot: int, seed: int) -> str:
+    """What the rare-symbol control says, read from its numbers: whether options
+    relabelled with rare symbols are still collected, and whether the model can use
+    the symbols at all (accuracy against the baseline, how often its top-1 token is a
+    symbol). "" when the run has no symbol control."""
+    ce, ca = est.set_index("variant"), acc.set_index("variant")
+    if "symbols" not in ce.index or "original" not in ce.index:
+        return ""
+    s, o = ce.loc["symbols"], ce.loc["original"]
+    s_words, s_above = _control_accuracy(ca.loc["symbols"], n_boot=n_boot, seed=seed)
+    o_words, o_above = _control_accuracy(ca.loc["original"], n_boot=n_boot, seed=seed)
+    top1 = float(ca.loc["symbols"].get("top1_option", np.nan))
+    shown = f"; the model's own top-1 token is one of the symbols for {top1:.0%} of prompts" if np.isfinite(top1) else ""
+    if not np.isfinite(o.collection_layer):
+        return ("**Reading the control:** even with the original labels the options are never all in the top-|O|, so the "
+                "relabelled options have nothing to be compared with: the control says nothing here.")
+    if not np.isfinite(s.collection_layer):
+        text = (f"**Reading the control:** with the original labels the options all reach the top-|O| (for up to "
+                f"{o.peak_collected_share:.0%} of prompts); relabelled with rare symbols they never do, at any layer (peak "
+                f"{s.peak_collected_share:.0%}). On this model the collection measure therefore finds options only when their "
+                "label tokens are ordinary, frequent tokens.")
+        if s_above:
+            return text + (f" Yet the model chooses among the symbols better than its baseline (accuracy {s_words}{shown}): it "
+                           "uses options that the lens never places all in the top-|O|, so 'collection' as measured here tracks "
+                           "frequent label tokens rather than recognised options.")
+        both = ("" if o_above else f" With the original labels accuracy ({o_words}) does not clear its baseline either, so "
+                "neither variant shows the options being used.")
+        return text + (f" Nor does the run show the model mapping the symbols onto the options (accuracy {s_words}{shown}, "
+                       "not clearly above its baseline), so the "
+                       "control cannot separate the two readings of the original labels' collection — options recognised from "
+                       "the prompt, or frequent label tokens ranked high whatever the prompt: with symbols both predict no "
+                       "collection." + both)
+    text = (f"**Reading the control:** relabelled with rare symbols, all options still reach the top-|O| for up to "
+            f"{s.peak_collected_share:.0%} of prompts (original {o.peak_collected_share:.0%}), with a collection layer at "
+            f"{_est_layer(s, 'collection', n_blocks)} (original {_est_layer(o, 'collection', n_blocks)}): the measure can find "
+            "options whose tokens are not frequent ones. Whether the symbols are collected later is not tested here (the two "
+            "variants have no paired interval).")
+    if not s_above:
+        text += (f" The model does not choose among the symbols better than its baseline, though (accuracy {s_words}{shown}): "
+                 "the symbols are gathered without being used to answer.")
+    return text
+
+
+def control_summary(est: pd.DataFrame, acc: pd.DataFrame, task: str, n_blocks: int, *, n_boot: int, seed: int) -> str:
     ce, ca = est.set_index("variant"), acc.set_index("variant")
     o = ce.loc["original"]
 
@@ -249,14 +355,20 @@ def control_summary(est: pd.DataFrame, acc: pd.DataFrame, task: str, n_blocks: i
     def settled(r: pd.Series) -> str:
         return _est_layer(r, "decision", n_blocks)
 
+    def accuracy(v: str) -> str:
+        return _control_accuracy(ca.loc[v], n_boot=n_boot, seed=seed)[0]
+
     parts = [
         f"with **{v}** options — collection layer: {coll(ce.loc[v])}, original: {coll(o)}; "
         f"peak share of prompts with all options in the top-|O| {ce.loc[v, 'peak_collected_share']:.0%} "
         f"(original {o.peak_collected_share:.0%}); decision layer: {settled(ce.loc[v])}, original: {settled(o)}; "
-        f"accuracy {ca.loc[v, 'accuracy']:.0%} (original {ca.loc['original', 'accuracy']:.0%})"
+        f"accuracy {accuracy(v)} (original {accuracy('original')})"
         for v in ce.index.drop("original")
     ]
-    return f"On {task}: " + "; ".join(parts) + "." if parts else "No controls were requested."
+    if not parts:
+        return "No controls were requested."
+    reading = symbol_reading(est, acc, n_blocks, n_boot=n_boot, seed=seed)
+    return f"On {task}: " + "; ".join(parts) + "." + (f"\n\n{reading}" if reading else "")
 
 
 def patching_sweeps(model: Model, prompts: pd.DataFrame, p: Mapping[str, Any], n_blocks: int) -> pd.DataFrame:

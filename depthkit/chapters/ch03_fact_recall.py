@@ -147,11 +147,124 @@ def dataset_summary(k1: pd.DataFrame, onsets: pd.DataFrame, dataset: str, n_bloc
             f"Incorrectly predicted tokens: {missed or 'none'}.")
 
 
+def _against_paper(lo: float, hi: float, paper: float, *, later_fails: bool) -> str:
+    """Where an interval (fraction of depth) lies against the paper's value:
+    "reproduced"/"not reproduced" only when ``later_fails`` says which side contradicts
+    the paper (an interval entirely above its value), and the interval excludes it."""
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return "no interval, so no comparison is drawn"
+    if lo > paper:
+        return ("not reproduced: later in the depth than the paper's value, its interval entirely above it" if later_fails
+                else "later in the depth than the paper's value, its interval entirely above it")
+    if hi < paper:
+        return ("earlier in the depth than even the paper's value (its interval entirely below it), so the paper's early "
+                "settling is there" if later_fails else "earlier in the depth than the paper's value, its interval entirely below it")
+    return "consistent with the paper's value (its interval includes it)"
+
+
+def _decline_against_paper(lo: float, hi: float, paper: float) -> str:
+    """Token 1 minus a later token (fraction of depth) against the paper's decline:
+    the direction (interval above zero, the test :mod:`depthkit.verdicts` applies) and
+    the size (interval against the paper's value)."""
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return "no interval, so no comparison is drawn"
+    if hi < 0:
+        return "not reproduced: the later token settles later than token 1, not earlier"
+    if lo <= 0:
+        size = "and the interval lies below the paper's decline" if hi < paper else "though the interval also includes the paper's"
+        return f"not reproduced: no clear decline, {size}"
+    if hi < paper:
+        return "reproduced in direction only: later tokens settle clearly earlier than token 1, but by less than in the paper"
+    if lo > paper:
+        return "reproduced, and larger than the paper's decline (its interval entirely above it)"
+    return "reproduced: a clear decline whose interval includes the paper's"
+
+
+def paper_comparison(k1: pd.DataFrame, onsets: pd.DataFrame, datasets: list[str], n_blocks: int, *, n_boot: int,
+                     seed: int) -> pd.DataFrame:
+    """The chapter's headline table: per dataset and answer-token position, the mean
+    rank-1 onset of correctly predicted tokens as a fraction of the depth (over the
+    tokens reaching rank 1 before the output) against the paper's Pythia-6.9B value,
+    and for each later token the paired decline token 1 − token t (within answers)
+    against the paper's decline. ``reading``: where the interval lies against the
+    paper's value; a later token settling later in the depth than the paper says
+    (interval entirely above its value) is "not reproduced"; a decline is
+    "reproduced" when its interval lies above zero (in direction only when it lies
+    below the paper's decline) and "not reproduced" otherwise."""
+    rows = []
+    for ds in datasets:
+        ok = k1[(k1["dataset"] == ds) & k1["correct"].astype(bool)].set_index("token")
+        for t in sorted(i for i in ok.index if i in PAPER_ONSETS):
+            r = ok.loc[t]
+            paper = PAPER_ONSETS[t] / PAPER_BLOCKS
+            lo, hi = r["lo"] / n_blocks, r["hi"] / n_blocks
+            n_before = int(r["n_reached"] - (r.get("n_censored", 0) if np.isfinite(r.get("n_censored", np.nan)) else 0))
+            rows.append({"dataset": ds, "token": int(t), "quantity": f"token {t} rank-1 onset / L", "value": r["mean_onset"] / n_blocks,
+                         "lo": lo, "hi": hi, "n": n_before, "censored": r.get("censored", np.nan), "paper": paper,
+                         "reading": _against_paper(lo, hi, paper, later_fails=t > 1)})
+            if t > 1 and 1 in ok.index:
+                d = token_difference(onsets, ds, t, 1, n_blocks, n_boot=n_boot, seed=seed)
+                dp = (PAPER_ONSETS[1] - PAPER_ONSETS[t]) / PAPER_BLOCKS
+                dlo, dhi = d["lo"] / n_blocks, d["hi"] / n_blocks
+                rows.append({"dataset": ds, "token": int(t), "quantity": f"token 1 − token {t} onset / L (paired)",
+                             "value": d["diff"] / n_blocks, "lo": dlo, "hi": dhi, "n": int(d["n"]), "censored": np.nan,
+                             "paper": dp, "reading": _decline_against_paper(dlo, dhi, dp)})
+    return pd.DataFrame(rows, columns=["dataset", "token", "quantity", "value", "lo", "hi", "n", "censored", "paper", "reading"])
+
+
+def _bold_outcome(reading: str) -> str:
+    head, sep, rest = reading.partition(":")
+    return f"**{head}**{sep}{rest}" if sep and "reproduced" in head else reading
+
+
+def headline_summary(comparison: pd.DataFrame) -> str:
+    """The chapter's headline in words: per dataset, each answer-token position's
+    onset (fraction of depth) against the paper's, then the paired declines."""
+    if comparison.empty:
+        return "No correctly predicted answer token reaches rank 1, so there is nothing to compare with the paper."
+    out = []
+    for ds, g in comparison.groupby("dataset", sort=False):
+        lines = []
+        for r in g.itertuples():
+            value = narrate.estimate(r.value, r.lo, r.hi, digits=2)
+            reading = _bold_outcome(r.reading)
+            if "paired" in r.quantity:
+                gap = narrate.difference(r.value, r.lo, r.hi, more="later", less="earlier", subject="token 1 onsets",
+                                         than=f"token {r.token} onsets", digits=2, unit="of the depth")
+                lines.append(f"  * within the same answers ({r.n} answers): {gap}; the paper's token 1 − token {r.token} is "
+                             f"{r.paper:.2f} of the depth — {reading}.")
+            else:
+                at_out = f", {r.censored:.0%} of those reaching rank 1 only at the output" if np.isfinite(r.censored) else ""
+                if not np.isfinite(r.value):
+                    lines.append(f"  * answer token {r.token}: no token reaches rank 1 before the output{at_out}; paper "
+                                 f"{r.paper:.2f} — no comparison is drawn.")
+                    continue
+                lines.append(f"  * answer token {r.token}: rank-1 onset at {value} of the depth ({r.n} tokens before the output"
+                             f"{at_out}); paper {r.paper:.2f} — {reading}.")
+        out.append(f"* **{ds}**, correctly predicted tokens:\n" + "\n".join(lines))
+    return (f"Per dataset and answer-token position, the mean rank-1 onset as a fraction of the depth (ℓ/L) against the paper's "
+            f"Pythia-6.9B values ({' / '.join(f'{v:.0f}' for v in PAPER_ONSETS.values())} of {PAPER_BLOCKS}), and the decline "
+            "from token 1 to each later token measured within the same answers:\n\n" + "\n".join(out))
+
+
+POOLED_NOTE = ("Each position's mean is over every correctly predicted answer that has that token, so the positions come "
+               "from different sets of answers (token 1's includes one-token answers, which have no later token): the paired "
+               "rows compare positions within the same answers, and the table by answer length splits them further. The "
+               "details below give the same per-position means in layers, with the incorrectly predicted tokens.")
+
+
+def details_summary(k1: pd.DataFrame, onsets: pd.DataFrame, datasets: list[str], n_blocks: int, *, n_boot: int, seed: int) -> str:
+    """The secondary text: :data:`POOLED_NOTE`, then per dataset the per-position
+    means in layers, token 1 against later tokens and the incorrectly predicted tokens."""
+    details = "\n\n".join(dataset_summary(k1, onsets, ds, n_blocks, n_boot=n_boot, seed=seed) for ds in datasets)
+    return f"{POOLED_NOTE}\n\n{details}"
+
+
 def summary(k1: pd.DataFrame, onsets: pd.DataFrame, datasets: list[str], n_blocks: int, *, n_boot: int, seed: int) -> str:
-    paper = " / ".join(f"{v:.0f}" for v in PAPER_ONSETS.values())
-    frac = " / ".join(f"{v / PAPER_BLOCKS:.2f}" for v in PAPER_ONSETS.values())
-    return ("\n\n".join(dataset_summary(k1, onsets, ds, n_blocks, n_boot=n_boot, seed=seed) for ds in datasets)
-            + f"\n\nFor comparison, the paper's Pythia-6.9B onsets {paper} of {PAPER_BLOCKS} are {frac} of the depth.")
+    """Headline (per dataset and token position against the paper,
+    :func:`paper_comparison`) first, then the details (:func:`details_summary`)."""
+    comparison = paper_comparison(k1, onsets, datasets, n_blocks, n_boot=n_boot, seed=seed)
+    return headline_summary(comparison) + "\n\n" + details_summary(k1, onsets, datasets, n_blocks, n_boot=n_boot, seed=seed)
 
 
 def headlines(run) -> pd.DataFrame:

@@ -3,10 +3,18 @@ charts, the transition estimates, the generated prose and the headline quantitie
 
 Every interval resamples passages (the ``item`` column): positions of one passage
 share their context and are not independent.
+
+One axis for blocks and layers: block b reads the residual layer ℓ = b and writes
+ℓ = b + 1. :mod:`depthkit.residual` indexes its per-block statistics (and the
+two-segment split fitted to them) by the block b; this chapter reports and draws
+every one of them at the residual layer ℓ = b + 1 its update produces
+(:data:`WRITES`), so that they share one axis with the lens curves (ℓ = 0..L), the
+KL knee, the Top-10 settling layer and chapter 02's patching transition.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -28,6 +36,21 @@ TRANSITION_COLUMNS = ["name", "estimate", "lo", "hi", "n", "n_boot"]
 # What a layer interval on a grid cannot say alone (depthkit.stats.LayerCI); NaN where a row lacks them.
 GRID_COLUMNS = ["mode_share", "step", "censored_share"]
 MCQ_SLUG = "02_mcq_collection_vs_reasoning"
+# Block b writes the residual layer ℓ = b + WRITES.
+WRITES = 1
+CONVENTION = (
+    "**One axis for blocks and layers.** Block b reads the residual stream at layer ℓ = b and writes layer "
+    "ℓ = b + 1 (layer 0 is the embedding output, layer L the final residual). Every per-block statistic (update "
+    "sizes, directions, block influence, and the two-segment split ℓ\\* fitted to them) is drawn and reported at "
+    "ℓ = b + 1, the layer its update produces, so that it shares one axis with the lens curves, the KL knee, the "
+    "Top-10 settling layer and the patching transition. Where a block itself is meant (its update, its removal), it is "
+    "named by its index b, with the layer it writes."
+)
+
+
+def layer_of(block: float) -> float:
+    """The residual layer block ``block`` writes (:data:`WRITES`)."""
+    return block + WRITES
 
 
 def model_line(info: Any, lens_name: str, convention: str) -> str:
@@ -35,12 +58,14 @@ def model_line(info: Any, lens_name: str, convention: str) -> str:
 
 
 def update_curves(updates: pd.DataFrame, *, n_boot: int, seed: int) -> pd.DataFrame:
-    """Mean curve over passages of every update statistic: ``[x, mean, lo, hi, n, stat, panel]``."""
+    """Mean curve over passages of every update statistic: ``[x, mean, lo, hi, n, stat, panel]``,
+    ``x`` the residual layer ℓ = b + 1 that block b writes."""
     parts = [
         stats.layer_means(updates, s, by="block", n_boot=n_boot, seed=seed).assign(stat=s, panel=panel)
         for s, panel in PANELS.items()
     ]
-    return pd.concat(parts, ignore_index=True).rename(columns={"block": "x"})
+    out = pd.concat(parts, ignore_index=True)
+    return out.assign(x=layer_of(out["block"])).drop(columns="block")[["x", *[c for c in out.columns if c != "block"]]]
 
 
 def lens_curves(kl: pd.DataFrame, top: pd.DataFrame, lens_name: str, *, n_boot: int, seed: int) -> pd.DataFrame:
@@ -110,8 +135,9 @@ def transitions(
 ) -> pd.DataFrame:
     """ℓ*, the KL knee, the layer where the Top-10 share settles, and (when given)
     chapter 02's patching transitions: ``[name, estimate, lo, hi, n, n_boot, mode_share,
-    step, censored_share, estimate / L]``. The first row is always ℓ*."""
-    phase = residual.phase_change(updates, phase_curve, n_boot=n_boot, seed=seed)
+    step, censored_share, estimate / L]``, every one a residual layer (ℓ* the layer
+    written by the block where the fit splits). The first row is always ℓ*."""
+    phase = _in_layers(residual.phase_change(updates, phase_curve, n_boot=n_boot, seed=seed))
     knee = stats.curve_estimate(
         kl[kl["lens"] == lens_name], "kl", stats.knee, name=f"KL knee ({lens_name} lens)", n_boot=n_boot, seed=seed
     )
@@ -128,9 +154,17 @@ def transitions(
     return out
 
 
+def _in_layers(est: stats.LayerEstimate) -> stats.LayerEstimate:
+    """A split fitted over blocks, moved to the residual layers those blocks write."""
+    return replace(est, estimate=layer_of(est.estimate), lo=layer_of(est.lo), hi=layer_of(est.hi))
+
+
 def phase_test(updates: pd.DataFrame, phase_curve: str, *, n_boot: int, seed: int) -> residual.PhaseTest:
-    """Two segments against one for the ℓ* curve (:func:`depthkit.residual.phase_test`)."""
-    return residual.phase_test(updates, phase_curve, n_boot=n_boot, seed=seed)
+    """Two segments against one for the ℓ* curve (:func:`depthkit.residual.phase_test`),
+    the split and the knots it may take in residual layers (ℓ = b + 1); the slope
+    change is per block, which is per layer."""
+    t = residual.phase_test(updates, phase_curve, n_boot=n_boot, seed=seed)
+    return replace(t, split=_in_layers(t.split), first_knot=layer_of(t.first_knot), last_knot=layer_of(t.last_knot))
 
 
 def phase_sentence(test: residual.PhaseTest, n_blocks: int) -> str:
@@ -139,32 +173,36 @@ def phase_sentence(test: residual.PhaseTest, n_blocks: int) -> str:
     if test.two_segments:
         near = min(test.split.estimate - test.first_knot, test.last_knot - test.split.estimate) <= 1
         edge = (
-            f" It sits one block from the edge of the range the fit may choose (blocks {test.first_knot:.0f}–"
+            f" It sits one layer from the edge of the range the fit may choose (layers {test.first_knot:.0f}–"
             f"{test.last_knot:.0f}): the bend separates the first few blocks from the rest, not two halves of the network."
             if near else ""
         )
         return (f"Two segments fit clearly better than one line: at ℓ\\* the slope of the log curve changes by {change} "
-                f"per block, and the split is interior.{edge}")
+                f"per layer, and the split is interior.{edge}")
     if test.at_edge:
         where = "first" if test.split.estimate == test.first_knot else "last"
-        return (f"**No phase change is found here:** the best split sits on the {where} block the fit may choose "
-                f"(blocks {test.first_knot:.0f}–{test.last_knot:.0f} of {n_blocks}), so two segments are one line with a bent end "
+        return (f"**No phase change is found here:** the best split sits on the {where} layer the fit may choose "
+                f"(layers {test.first_knot:.0f}–{test.last_knot:.0f} of {n_blocks}), so two segments are one line with a bent end "
                 f"(slope change {change}). ℓ\\* is only where the fit puts its knot, not a transition.")
-    return (f"**No clear phase change:** the slope change at ℓ\\*, {change} per block, has an interval that "
+    return (f"**No clear phase change:** the slope change at ℓ\\*, {change} per layer, has an interval that "
             "includes zero (or too few passages for one), so one line describes the curve as well as two segments.")
 
 
 def split_sensitivity(updates: pd.DataFrame, *, n_boot: int, seed: int) -> pd.DataFrame:
-    """Where the two-segment split falls for every update statistic: ``[statistic, split, lo, hi]``."""
-    rows = [residual.phase_change(updates, s, n_boot=n_boot, seed=seed).as_dict() for s in residual.UPDATE_STATS]
+    """Where the two-segment split falls for every update statistic, in residual
+    layers (ℓ = b + 1): ``[statistic, split, lo, hi]``."""
+    rows = [_in_layers(residual.phase_change(updates, s, n_boot=n_boot, seed=seed)).as_dict() for s in residual.UPDATE_STATS]
     return pd.DataFrame(rows)[["name", "estimate", "lo", "hi"]].rename(columns={"name": "statistic", "estimate": "split"})
 
 
 def mlp_vs_attention(updates: pd.DataFrame, *, n_boot: int, seed: int) -> pd.DataFrame:
     """Per block: the MLP minus the attention relative update, mean over passages with
-    its interval (one passage one unit): ``[block, estimate, lo, hi, n]``."""
+    its interval (one passage one unit): ``[block, layer, estimate, lo, hi, n]``,
+    ``layer`` the residual layer the block writes."""
     d = updates.assign(diff=updates["mlp_rel"] - updates["attn_rel"])
-    return stats.bootstrap_ci_by(d, "diff", "block", n_boot=n_boot, seed=seed)
+    out = stats.bootstrap_ci_by(d, "diff", "block", n_boot=n_boot, seed=seed)
+    out.insert(1, "layer", layer_of(out["block"]))
+    return out
 
 
 def _layer(row: pd.Series, n_blocks: int | None = None) -> str:
@@ -202,16 +240,19 @@ def summary_text(
         clear = f" ({narrate.NO_INTERVAL}; no block-wise difference is claimed)."
     knee_name = next(n for n in tr.index if n.startswith("KL knee"))
     return f'''
-On {n_passages} passages ({n_positions:,} positions) of {model_name}:
+On {n_passages} passages ({n_positions:,} positions) of {model_name}; every layer below is a residual layer ℓ, a block's
+statistics sitting at the layer ℓ = b + 1 it writes:
 
-* **ℓ\\* = {_layer(star)}** of {n_blocks} blocks (ℓ\\*/L = {star['estimate'] / n_blocks:.2f}), from the log of `{phase_curve}`.
+* **ℓ\\* = {_layer(star)}** of {n_blocks} (ℓ\\*/L = {star['estimate'] / n_blocks:.2f}), from the log of `{phase_curve}`: the layer at
+  which the two fitted line segments meet.
   {phase_sentence(test, n_blocks)}
   Fitted to the other statistics the split falls between layers {sensitivity['split'].min():.0f} and {sensitivity['split'].max():.0f}:
   the "phase change" is a property of the curve one chooses as much as of the network.
 * KL knee: {_layer(tr.loc[knee_name])}; Top-10 share at its final level from {_layer(tr.loc["Top-10 share reaches its final level"], n_blocks)}.
   The estimates shown span {spread:.0f} layers ({spread / n_blocks:.0%} of the depth).
-* Block 0 writes an update {b.loc[0, 'attn_rel'] + b.loc[0, 'mlp_rel']:.1f}× the size of its input (attention + MLP, relative);
-  in blocks 1–{n_blocks - 2} the mean MLP update is larger than the attention update in {mlp_bigger} of {len(inner)} blocks{clear}
+* Block 0 (embeddings, layer 0 → layer 1) adds an update {b.loc[0, 'attn_rel'] + b.loc[0, 'mlp_rel']:.1f}× the size of its input
+  (attention + MLP, relative); in the blocks that write layers 2–{n_blocks - 1} (blocks 1–{n_blocks - 2}) the mean MLP
+  update is larger than the attention update in {mlp_bigger} of {len(inner)} blocks{clear}
 '''
 
 
@@ -225,17 +266,22 @@ def skip_text(
     so = skip_output.set_index("skipped")
     worst = so["kl"].sort_values(ascending=False).head(3)
     at_l = skip_later[skip_later["layer"] == n_blocks].set_index("skipped")["rel_change"]
-    before, after = so.loc[so.index < split], so.loc[so.index >= split]
+    # ``split`` is a residual layer; block b sits before it when the layer it writes does
+    writes = layer_of(so.index.to_numpy())
+    before, after = so.loc[writes < split], so.loc[writes >= split]
+    l_writes = layer_of(at_l.index.to_numpy())
     changes_top1 = int((so["top1_agreement"] < 0.9).sum())
     passages = f"{n_passages} passage{'s' if n_passages != 1 else ''}"
     worst_list = ", ".join(
-        f"{b} (KL {v:.2f} nats, top-1 kept at {so.loc[b, 'top1_agreement']:.0%} of positions)" for b, v in worst.items()
+        f"block {b} (writes layer {layer_of(b)}; KL {v:.2f} nats, top-1 kept at {so.loc[b, 'top1_agreement']:.0%} of positions)"
+        for b, v in worst.items()
     )
     return f'''
 * The blocks whose removal changes the output most are {worst_list}.
 * Removing any one of {changes_top1} of {n_blocks} blocks changes the top-1 token at more than 10 % of positions.
-* Mean output KL for blocks before ℓ\\* ({len(before)} blocks): {before['kl'].mean():.2f} nats; from ℓ\\* on ({len(after)} blocks): {after['kl'].mean():.2f} nats.
-  Mean relative change of the final residual h_L: {at_l[at_l.index < split].mean():.2f} before ℓ\\*, {at_l[at_l.index >= split].mean():.2f} from ℓ\\* on.
+* Mean output KL for the blocks that write layers before ℓ\\* ({len(before)} blocks): {before['kl'].mean():.2f} nats; for those that
+  write ℓ\\* and later ({len(after)} blocks): {after['kl'].mean():.2f} nats.
+  Mean relative change of the final residual h_L: {at_l[l_writes < split].mean():.2f} before ℓ\\*, {at_l[l_writes >= split].mean():.2f} from ℓ\\* on.
   These means pool the positions of {passages} and carry no interval, so no difference between the two sides of ℓ\\* is claimed.
 * The skipping experiment took {seconds:.0f} s ({n_blocks} extra forward passes over {passages}).
 '''

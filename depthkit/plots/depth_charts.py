@@ -11,7 +11,8 @@ from depthkit.plots._common import _legend, _order, _panel_scale, _plain
 
 def residual_curves_chart(curves: Any, *, marks: Any | None = None, title: str = "The residual stream, block by block") -> alt.VConcatChart:
     """One panel per group of statistics (``curves``: DataFrame[x, stat, panel,
-    mean, lo, hi], x = layer or block), lines with bootstrap bands, and optional
+    mean, lo, hi], x = the residual layer ℓ; a block's statistics at the layer it
+    writes, ℓ = b + 1), lines with bootstrap bands, and optional
     vertical rules ``marks``: DataFrame[name, layer] (transition estimates). Click a
     legend entry to highlight one statistic."""
     data = _plain(curves)
@@ -20,11 +21,11 @@ def residual_curves_chart(curves: Any, *, marks: Any | None = None, title: str =
     for i, panel in enumerate(_order(curves["panel"])):
         d = data[data["panel"] == panel]
         base = alt.Chart(d).encode(
-            x=alt.X("x:Q", title="layer ℓ (block ℓ reads h_ℓ)"),
+            x=alt.X("x:Q", title="residual layer ℓ (block b drawn at the layer it writes, ℓ = b + 1)"),
             color=alt.Color("stat:N", title="statistic", legend=_legend()),
             opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
         )
-        tips = ["stat:N", "x:Q", alt.Tooltip("mean:Q", format=".4f"), alt.Tooltip("lo:Q", format=".4f"), alt.Tooltip("hi:Q", format=".4f")]
+        tips = ["stat:N", alt.Tooltip("x:Q", title="layer ℓ"), alt.Tooltip("mean:Q", format=".4f"), alt.Tooltip("lo:Q", format=".4f"), alt.Tooltip("hi:Q", format=".4f")]
         layers = [
             base.mark_area(opacity=0.15).encode(y="lo:Q", y2="hi:Q"),
             base.mark_line(point=True).encode(y=alt.Y("mean:Q", title=panel, scale=_panel_scale(d)), tooltip=tips),
@@ -47,7 +48,7 @@ def transition_chart(estimates: Any, *, n_blocks: int, title: str = "Transition 
     base = alt.Chart(data).encode(y=alt.Y("name:N", title=None, sort=None))
     tips = ["name:N", alt.Tooltip("estimate:Q", format=".1f"), alt.Tooltip("lo:Q", format=".1f"), alt.Tooltip("hi:Q", format=".1f")]
     return alt.layer(
-        base.mark_rule(size=3, opacity=0.5).encode(x=alt.X("lo:Q", title="layer", scale=alt.Scale(domain=[0, n_blocks])), x2="hi:Q"),
+        base.mark_rule(size=3, opacity=0.5).encode(x=alt.X("lo:Q", title="residual layer ℓ", scale=alt.Scale(domain=[0, n_blocks])), x2="hi:Q"),
         base.mark_point(filled=True, size=90).encode(x="estimate:Q", tooltip=tips),
     ).properties(width=380, height=max(60, 28 * len(data)), title=title)
 
@@ -61,7 +62,7 @@ def skip_effect_chart(later: Any, output: Any, *, title: str = "Removing one blo
         .mark_rect()
         .encode(
             x=alt.X("layer:O", title="layer ℓ of the residual"),
-            y=alt.Y("skipped:O", title="block removed"),
+            y=alt.Y("skipped:O", title="block b removed (writes layer b + 1)"),
             color=alt.Color(
                 "rel_change:Q", title="‖h'−h‖/‖h‖", scale=alt.Scale(scheme="viridis"),
                 legend=alt.Legend(orient="bottom", direction="horizontal", gradientLength=200),
@@ -76,7 +77,7 @@ def skip_effect_chart(later: Any, output: Any, *, title: str = "Removing one blo
         alt.Chart(out)
         .mark_bar()
         .encode(
-            y=alt.Y("skipped:O", title="block removed"),
+            y=alt.Y("skipped:O", title="block b removed"),
             x=alt.X("kl:Q", title="KL(full ‖ skipped), nats"),
             color=alt.condition(hover, alt.value("firebrick"), alt.value("steelblue")),
             tooltip=["skipped:O", alt.Tooltip("kl:Q", format=".3f"), alt.Tooltip("top1_agreement:Q", format=".1%", title="top-1 unchanged")],
