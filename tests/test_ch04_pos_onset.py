@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from depthkit import metrics
 from depthkit.chapters import HEADLINE_COLUMNS, PAPER_COLUMNS
@@ -131,3 +132,89 @@ def test_onsets_at_the_output_are_censored_and_passages_are_the_unit():
     twice = ch.rank1(pd.concat([on, on.assign(item=on["item"] + 100)], ignore_index=True), 30, compare=True, n_boot=200, seed=0)
     assert twice["gap"]["n"] == 20
     assert np.isclose(twice["by_class"]["lo"], r1["by_class"]["lo"]).all()
+
+
+def test_saturation_is_the_layer_from_which_the_answer_stays_within_k():
+    # L = 4; layer 0 (the embedding) is no depth. Item 0 is top-1 at layer 1, loses it at 2, holds it from 3;
+    # item 2 holds rank 1 only at the output row L.
+    ranks = {0: [1, 1, 2, 1, 1], 1: [5, 1, 1, 1, 1], 2: [3, 3, 1, 2, 1]}
+    targets = pd.DataFrame([{"item": i, "layer": l, "rank": r} for i, rs in ranks.items() for l, r in enumerate(rs)])
+    sat = ch.saturation_layers(targets, [1, 2]).set_index(["item", "k"])["saturation"]
+    assert sat.loc[(0, 1)] == 3 and sat.loc[(1, 1)] == 1 and sat.loc[(2, 1)] == 4
+    assert sat.loc[(0, 2)] == 1 and sat.loc[(2, 2)] == 2  # within k = 2 item 2 holds from layer 2
+    kept = pd.DataFrame({"tag": ["DET", "NOUN", "NOUN"], "word_class": ["function", "content", "content"], "answer": ["a", "b", "c"],
+                         "answer_id": [1, 2, 2], "prompt": ["x", "y", "z"]})
+    freq = pd.DataFrame({"token_id": [0, 1, 2], "count": [1, 10, 5], "rank": [3, 1, 2]})
+    on = ch.onsets_of(SimpleNamespace(target=lambda name: targets), kept, freq, [1], ["DET", "NOUN"]).set_index("item")
+    assert on["onset"].tolist() == [1.0, 1.0, 2.0] and on["saturation"].tolist() == [3.0, 1.0, 4.0]
+    r1 = ch.rank1(on.reset_index(), 4, compare=False, n_boot=20, seed=0)
+    assert r1["k1"]["sat_censored"].tolist() == [False, False, True]  # saturation at L: not before the output
+
+
+def _two_depths(sat_gap: float, n_passages: int = 30, seed: int = 0) -> pd.DataFrame:
+    """One DET and one NOUN example per passage: content words 6 layers later on first
+    reach, ``sat_gap`` layers later on saturation; the NOUN saturations of passages 0-2 at L = 30."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for p in range(n_passages):
+        for tag, cls in TAG_CLASS.items():
+            c = cls == "content"
+            onset = 5.0 + 6 * c + rng.integers(0, 3)
+            sat = 15.0 + sat_gap * c + rng.integers(0, 3)
+            rows.append({"tag": tag, "word_class": cls, "k": 1, "passage": p, "item": len(rows), "onset": onset,
+                         "saturation": 30.0 if c and p < 3 else sat})
+    on = pd.DataFrame(rows)
+    on["tag"] = pd.Categorical(on["tag"], categories=list(TAG_CLASS), ordered=True)
+    return on
+
+
+def test_the_gap_is_reported_on_first_reach_and_on_saturation():
+    r1 = ch.rank1(_two_depths(2.0), 30, compare=True, n_boot=300, seed=0)
+    assert abs(r1["gap"]["diff"] - 6.0) < 1 and abs(r1["gap_sat"]["diff"] - 2.0) < 1 and r1["gap_sat"]["lo"] > 0
+    assert r1["gap_sat"]["n"] == 30 and r1["gap_sat"]["n_b"] == 27  # the three saturations at L are censored, not averaged in
+    k1 = r1["k1"]
+    before = k1[k1["saturation"] < 30].groupby("word_class")["saturation"].mean()
+    assert r1["gap_sat"]["diff"] == pytest.approx(before["content"] - before["function"])
+    table = ch.class_gap_table(r1, 30).set_index("measure")
+    assert table.index.tolist() == ["first reach", "saturation"] and table["paper's measure"].tolist() == [True, False]
+    assert table.loc["saturation", "content − function (layers)"] == r1["gap_sat"]["diff"]
+    assert table.loc["saturation", "content − function (L)"] == pytest.approx(r1["gap_sat"]["diff"] / 30)
+    assert table.loc["saturation", "content: only at the output"].startswith("10 %")
+    text = ch.gaps_text(r1, 30)
+    first, sat = text.split("; on saturation (", 1)
+    assert "on first reach" in first and "content words are 6." in first and "layers later than function words" in first
+    assert f"content words are {r1['gap_sat']['diff']:.1f} layers later than function words" in sat
+    assert f"i.e. +{r1['gap_sat']['diff'] / 30:.2f} L of the depth" in sat
+    assert "layers smaller on saturation than on first reach" in text and r1["gap_change"].hi < 0
+    assert "The paper's claim is about first reach" in text
+
+
+def test_equal_gaps_are_no_clear_difference_and_old_runs_have_first_reach_only():
+    r1 = ch.rank1(_two_depths(6.0), 30, compare=True, n_boot=300, seed=0)
+    assert r1["gap_change"].lo < 0 < r1["gap_change"].hi
+    assert "The two gaps show no clear difference" in ch.gaps_text(r1, 30)
+    # onsets saved before saturation was measured: first reach only, nothing invented
+    old = ch.rank1(_two_depths(6.0).drop(columns="saturation"), 30, compare=True, n_boot=100, seed=0)
+    assert old["gap_sat"] is None and old["gap_change"] is None and old["by_class_sat"].empty
+    assert ch.class_gap_table(old, 30)["measure"].tolist() == ["first reach"]
+    assert "saturation" not in ch.gaps_text(old, 30).split("The paper's claim")[0]
+
+
+def test_summary_reports_both_depths_and_which_one_the_paper_means():
+    k1 = k1_frame(20, 6.0)
+    on = k1.assign(saturation=k1["onset"].round() + 8 + 2 * (k1["word_class"] == "content"))
+    r1 = ch.rank1(on, 30, compare=True, n_boot=100, seed=0)
+    controls = ch.frequency_controls(r1["k1"], n_boot=100, seed=0)
+    report = pd.DataFrame({"level": ["tag", "tag"], "group": ["DET", "NOUN"], "word_class": ["function", "content"],
+                           "candidates": [100, 100], "not_word": [0, 0], "kept": [40, 40], "kept_share": [0.4, 0.4]})
+    text = ch.summary(report, r1, controls, reason="", n_blocks=30, n_per_tag=100, lens_name="tuned", weights="Q4_1", minutes=1.0)
+    assert "At rank 1, on first reach (" in text and "; on saturation (" in text and "The paper's claim is about first reach" in text
+    assert text.index("on first reach") < text.index("The paper reports ≈ layer 5")
+
+
+def test_the_gap_change_is_paired_over_the_same_passage_draws():
+    # saturation = first reach + 9 for every example: the two gaps are equal in every resample
+    on = _two_depths(6.0).drop(columns="saturation")
+    on = on.assign(saturation=on["onset"] + 9)
+    change = ch.rank1(on, 30, compare=True, n_boot=200, seed=0)["gap_change"]
+    assert change.estimate == pytest.approx(0) and change.hi - change.lo < 1e-9

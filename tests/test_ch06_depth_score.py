@@ -163,3 +163,97 @@ def test_d1_at_the_output_is_censored_not_averaged_in():
     assert d1g.loc["top-10", "censored"] == 0 and d1g.loc["top-10", "censored_hi"] == pytest.approx(1 - 0.025 ** (1 / 12))
     text = ch.groups_text(groups, groups.iloc[:0].assign(word_class=[]), stats.CI(np.nan, np.nan, np.nan, 0), scores)
     assert "before the output (" in text and "only at the output, not before" in text
+
+
+def _two_depths(sat_gap: float, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Content words 0.4 L later than function words on first reach and ``sat_gap`` L later on saturation."""
+    scores, tags = _scores(gap=0.4, seed=seed)
+    rng = np.random.default_rng(seed + 1)
+    content = scores["position"] % len(WORDS) >= 2  # NOUN, VERB (and INTJ, never kept: every INTJ token is wrong)
+    scores["d_sat_norm"] = 0.6 + sat_gap * content + rng.normal(0, 0.02, len(scores))
+    return scores, tags
+
+
+def test_class_gaps_report_first_reach_and_saturation():
+    scores, tags = _two_depths(0.1)
+    _, kept, _, cls = ch.pos_tables(scores, tags, min_group=10, n_boot=100, seed=0)
+    gaps = ch.class_gaps(kept, n_boot=200, seed=0)
+    assert abs(gaps["d1_norm"].estimate - 0.4) < 0.02 and abs(gaps["d_sat_norm"].estimate - 0.1) < 0.02
+    assert gaps["d_sat_norm"].lo > 0 and gaps["change"].hi < 0 and gaps["change"].n == 12
+    # the first-reach gap is the verdicts' class_difference, on the same passage draws
+    assert gaps["d1_norm"] == ch.class_difference(kept, "d1_norm", n_boot=200, seed=0)
+    assert gaps["d_sat_norm"] == ch.class_difference(kept, "d_sat_norm", n_boot=200, seed=0)
+    table = ch.class_gap_table(cls, gaps).set_index("measure")
+    assert table.index.tolist() == ["first reach (d₁/L)", "saturation (d_sat/L)"]
+    assert table["paper's measure"].tolist() == [True, False] and (table["passages"] == 12).all()
+    assert table.loc["saturation (d_sat/L)", "content − function (L)"] == gaps["d_sat_norm"].estimate
+    buckets = ch.group_depths(scores, "bucket", n_boot=20, seed=0)
+    text = ch.groups_text(buckets, cls, gaps, scores)
+    first, sat = text.split(" On saturation, ", 1)
+    assert "On first reach" in first and "content words are 0.40 L later than function words" in first
+    assert f"content words are {gaps['d_sat_norm'].estimate:.2f} L later than function words" in sat
+    assert f"The content − function gap is {abs(gaps['change'].estimate):.2f} L smaller on saturation than on first reach" in sat
+    assert "The paper's claim is about first reach" in sat
+
+
+def test_equal_class_gaps_are_no_clear_change_and_d1_at_the_output_is_left_out():
+    scores, tags = _two_depths(0.4)
+    _, kept, _, cls = ch.pos_tables(scores, tags, min_group=10, n_boot=50, seed=0)
+    gaps = ch.class_gaps(kept, n_boot=200, seed=0)
+    assert gaps["change"].lo < 0 < gaps["change"].hi
+    assert "The two gaps show no clear difference" in ch.gaps_text(cls, gaps)
+    # a content word reaching rank 1 only at the output is censored on first reach, still a value on saturation
+    late = kept.assign(d1_norm=np.where((kept["pos"] == "NOUN") & (kept["item"] < 6), 1.0, kept["d1_norm"]))
+    g = ch.class_gaps(late, n_boot=50, seed=0)
+    assert g["d1_norm"].estimate < 0.41 and g["d_sat_norm"].estimate == pytest.approx(gaps["d_sat_norm"].estimate)
+
+
+def _dtr(rho_sign: float, n: int = 30, noise: float = 0.02, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    x = np.linspace(0.1, 0.5, n)
+    return pd.DataFrame({"item": range(n), "n_tokens": 50, "n_deep": (x * 50).astype(int), "dtr": x,
+                         "accuracy": 0.5 + rho_sign * x + rng.normal(0, noise, n)})
+
+
+@pytest.mark.parametrize("sign", [-1.0, 1.0])
+def test_the_sign_of_a_clear_correlation_is_read_for_the_hypothesis(sign):
+    text = ch.dtr_text(_dtr(sign), 0.85, n_boot=200, seed=0)
+    corr = ch.dtr_correlation(_dtr(sign), n_boot=200, seed=0)
+    assert np.sign(corr.estimate) == np.sign(corr.lo) == np.sign(corr.hi) == sign
+    assert f"ρ = {corr.estimate:.2f} (95 % CI {corr.lo:.2f}–{corr.hi:.2f})" in text
+    if sign < 0:
+        assert "The correlation is negative and its interval" in text and "depth tracks difficulty" in text
+        assert "does not support the hypothesis" in text and "positive" not in text
+    else:
+        assert "The correlation is positive and its interval" in text and "the direction Chen et al. report" in text
+        assert "negative" not in text and "depth tracks difficulty" not in text
+
+
+def test_a_correlation_whose_interval_holds_zero_makes_no_finding():
+    flat = _dtr(0.0, noise=0.2)
+    corr = ch.dtr_correlation(flat, n_boot=200, seed=0)
+    assert corr.lo < 0 < corr.hi
+    text = ch.dtr_text(flat, 0.85, n_boot=200, seed=0)
+    assert "includes zero: no clear association" in text and "neither supports nor contradicts" in text
+    assert "negative" not in text and "positive" not in text
+    few = ch.dtr_text(_dtr(-1.0, n=6), 0.85, n_boot=50, seed=0)
+    assert "no sign is read" in few and "depth tracks difficulty" not in few
+
+
+def test_deep_thinking_tokens_accuracy_gap_resamples_passages():
+    scores, _ = _scores(n_items=12, per_item=20)
+    deep = scores["position"] < 10
+    scores = scores.assign(d_sat_norm=np.where(deep, 0.9, 0.5), correct=np.where(deep, scores["position"] % 2 == 0, True))
+    gap = ch.deep_token_accuracy(scores, 0.85, n_boot=200, seed=0)
+    assert gap.estimate == pytest.approx(-0.5) and gap.n == 12 and gap.hi < 0
+    text = ch.sign_text(stats.CI(-0.5, -0.8, -0.2, 12), gap)
+    assert "deep-thinking tokens are 50.0 percentage points less often right than the other tokens" in text
+    none = ch.deep_token_accuracy(scores.assign(d_sat_norm=0.5), 0.85, n_boot=20, seed=0)
+    assert np.isnan(none.estimate) and "Token by token" not in ch.sign_text(stats.CI(-0.5, -0.8, -0.2, 12), none)
+
+
+def test_the_class_gap_change_is_paired_over_the_same_passage_draws():
+    scores, tags = _scores()
+    _, kept, _, _ = ch.pos_tables(scores.assign(d_sat_norm=scores["d1_norm"] + 0.2), tags, min_group=10, n_boot=20, seed=0)
+    change = ch.class_gaps(kept, n_boot=200, seed=0)["change"]
+    assert change.estimate == pytest.approx(0) and change.hi - change.lo < 1e-9
