@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.ipc
 
 from depthkit.corpus import CORPUS_SPLITS, corpus_split, passage_digest
-from depthkit.records import DataError, load_records
+from depthkit.records import DataError, file_set_name, load_records
 
 __all__ = [
     "DataError",
@@ -50,6 +50,7 @@ __all__ = [
     "embedded_dir",
     "glue",
     "hf_dataset",
+    "file_set_name",
     "load_records",
     "mmlu",
     "mmlu_subjects",

@@ -110,7 +110,9 @@ def parse_budget(text: str) -> dict[str, Any]:
 
 
 def resolve_config(budget: str | Mapping[str, Any] | TrainConfig = "default", **overrides: Any) -> TrainConfig:
-    """A :class:`TrainConfig` from a budget name, a dict of fields or a config."""
+    """A :class:`TrainConfig` from a budget name, a dict of fields or a config;
+    ``overrides`` that are None leave the budget's value (so ``seed=None`` keeps the
+    seed of ``"seed=1"``)."""
     if isinstance(budget, TrainConfig):
         base = dataclasses.asdict(budget)
     elif isinstance(budget, str) and "=" in budget:
@@ -130,7 +132,7 @@ def resolve_config(budget: str | Mapping[str, Any] | TrainConfig = "default", **
         base = dict(budget)
     else:
         raise ValueError(f"budget must be 'default', 'smoke', a dict or a TrainConfig, got {type(budget).__name__}.")
-    base.update({k: v for k, v in overrides.items() if v is not None or k == "downweight"})
+    base.update({k: v for k, v in overrides.items() if v is not None})
     return TrainConfig(**base).validate()
 
 

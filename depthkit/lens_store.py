@@ -140,7 +140,7 @@ def get_tuned_lens(
     cache_dir: str | os.PathLike | None = None,
     progress: bool = True,
     downweight: Downweight = None,
-    seed: int = 0,
+    seed: int | None = None,
     cache: ResidualCache | None = None,
 ) -> TunedLens:
     """A tuned lens for ``model``: the saved one for this model, budget, text,
@@ -168,7 +168,7 @@ def resolve_lens(
     text: str | Sequence[str] | None = None,
     cache_dir: str | os.PathLike | None = None,
     downweight: Downweight = None,
-    seed: int = 0,
+    seed: int | None = None,
     progress: bool | None = None,  # noqa: ARG001 - accepted for symmetry with get_tuned_lens; nothing runs
 ) -> Lens:
     """Accept a lens object or a name and return a lens, never training one.

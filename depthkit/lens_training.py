@@ -199,7 +199,7 @@ def train_tuned_lens(
     model: Model,
     texts: str | Sequence[str] | None = None,
     budget: str | Mapping[str, Any] | TrainConfig = "default",
-    seed: int = 0,
+    seed: int | None = None,
     progress: bool = True,
     downweight: Downweight = None,
     cache: ResidualCache | None = None,

@@ -269,12 +269,14 @@ def _distinct_first_words(options: Sequence[str]) -> bool:
     return all(first) and len(set(first)) == len(first)
 
 
-def load_mcq_file(path: str | os.PathLike[str], task: str = "file") -> pd.DataFrame:
+def load_mcq_file(path: str | os.PathLike[str], task: str | None = None) -> pd.DataFrame:
     """A user's multiple-choice file: JSON array or JSONL of
     ``{"prompt", "options", "answer"}`` records. ``prompt`` ends where the option
     comes next; ``options`` are the option continuations (e.g. ``[" A", " B"]``);
     ``answer`` is one of the options or its index. Returns the frame of
-    :func:`build_prompts`."""
+    :func:`build_prompts`, its ``task`` named after the file
+    (:func:`depthkit.records.file_set_name`) unless ``task`` is given."""
+    task = task or dkdata.file_set_name(path, TASKS)
     frame = dkdata.load_records(path, required=("prompt", "answer", "options"))
     records = []
     for i, row in frame.reset_index(drop=True).iterrows():

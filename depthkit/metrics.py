@@ -261,6 +261,7 @@ def onset_curve(
     level: float = LEVEL,
     min_n: int = MIN_N,
     censor_at: float | None = None,
+    unit: str | None = None,
 ) -> pd.DataFrame:
     """Mean onset layer per k (and group), over the items that ever reach rank ≤ k.
 
@@ -272,13 +273,17 @@ def onset_curve(
     not a measurement: ``mean_onset`` then averages the onsets before it only, and
     ``n_censored`` and ``censored`` (the share of reaching items censored, with
     ``censored_lo``/``censored_hi`` when ``n_boot > 0``) say how many were left out.
+
+    ``unit``: a column naming what the intervals resample (e.g. the passage several
+    items share); default, each item.
     """
     by = list(by)
-    _require(onsets, [*by, "k", "onset"], "The onsets frame")
+    _require(onsets, [*by, "k", "onset", *([unit] if unit else [])], "The onsets frame")
     rows = []
     for key, g in onsets.groupby([*by, "k"], sort=True, observed=True):
         key = key if isinstance(key, tuple) else (key,)
         v = g["onset"].to_numpy(dtype=float)
+        units = g[unit].to_numpy()[~np.isnan(v)] if unit else None
         reached = v[~np.isnan(v)]
         at_output = reached >= censor_at if censor_at is not None else np.zeros(len(reached), dtype=bool)
         before = reached[~at_output]
@@ -289,12 +294,13 @@ def onset_curve(
             n_items=len(v),
         )
         if n_boot:
-            ci = bootstrap_ci(before, n_boot=n_boot, seed=seed, level=level, min_n=min_n)
+            ci = bootstrap_ci(before, n_boot=n_boot, seed=seed, level=level, min_n=min_n,
+                              units=None if units is None else units[~at_output])
             row.update(lo=ci.lo, hi=ci.hi)
         if censor_at is not None:
             row.update(n_censored=int(at_output.sum()), censored=float(at_output.mean()) if len(reached) else np.nan)
             if n_boot:
-                share = bootstrap_ci(at_output, n_boot=n_boot, seed=seed, level=level, min_n=min_n)
+                share = bootstrap_ci(at_output, n_boot=n_boot, seed=seed, level=level, min_n=min_n, units=units)
                 row.update(censored_lo=share.lo, censored_hi=share.hi)
         rows.append(row)
     out = pd.DataFrame(rows)

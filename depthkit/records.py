@@ -84,6 +84,14 @@ def _is_empty(value: Any) -> bool:
     return False
 
 
+def file_set_name(path: str | os.PathLike[str], taken: Sequence[str] = ()) -> str:
+    """The name a user's file goes by in tables and parameters: its file name without
+    the extension (``my_quiz.jsonl`` -> ``my_quiz``), with ``_file`` appended when it
+    would read as one of the ``taken`` (embedded) names."""
+    stem = re.sub(r"[^0-9A-Za-z_.-]+", "_", Path(path).name.split(".")[0]).strip("_") or "file"
+    return f"{stem}_file" if stem in taken else stem
+
+
 def load_records(path: str | os.PathLike[str], required: Sequence[str] = ("prompt", "answer")) -> pd.DataFrame:
     """A user's data set: a JSON array of objects, or JSON Lines (one object per line).
 

@@ -261,3 +261,27 @@ def test_transition_difference_resamples_pairs_with_their_lens_prompts():
     # clustered by demonstration set: n counts sets, and fewer than MIN_N sets give no interval
     few_sets = ch.transition_difference(sweep_frame(12, 2), _with_sets(ranks_frame(), 4), "mmlu", n_boot=50, seed=0)
     assert few_sets.n == 4 and math.isnan(few_sets.lo)
+
+
+def test_a_users_file_is_a_patching_source_under_its_name(tiny_llama, tmp_path):
+    import json
+
+    from depthkit import mcq
+
+    path = tmp_path / "my_quiz.jsonl"
+    recs = [{"prompt": "The cat sat on the", "options": [" the", " cat"], "answer": 0},
+            {"prompt": "The dog lay by", "options": [" the", " cat"], "answer": 1}]
+    path.write_text("\n".join(json.dumps(r) for r in recs))
+    mine = mcq.add_option_ids(tiny_llama, mcq.load_mcq_file(path))
+    other = mcq.add_option_ids(tiny_llama, pd.DataFrame({
+        "task": "other", "example": [0, 1, 2], "prompt": ["Water boils at", "The sky is", "A dog and a"],
+        "options": [[" the", " door"]] * 3, "gold": [1, 0, 1]}))
+    prompts = pd.concat([mine, other], ignore_index=True)
+    L = tiny_llama.cfg.n_layers
+    p = {"patch_source": "my_quiz", "patch_target": "other", "patch_control": "my_quiz", "n_pairs": 5,
+         "patch_layer_step": L, "seed": 0}
+    sweep = ch.patching_sweeps(tiny_llama, prompts, p, L)
+    main = sweep[~sweep["control"]]
+    assert set(main["direction"]) == {"my_quiz → other", "other → my_quiz"}
+    # The file holds two prompts: two pairs per direction, not n_pairs.
+    assert main.groupby("direction")["pair"].nunique().eq(2).all()

@@ -107,6 +107,15 @@ def test_cross_parameter_checks():
     validate_run(chapter("02"), book.parse_params(shlex.split(HINT.search(str(err.value)).group(1))[4::2]))
     with pytest.raises(ParameterError, match="including 1"):
         validate_run(chapter("03"), {"k_grid": [10, 100]})
+    # A user's MCQ file is a patching task under its file's name, and only then.
+    mine = {"dataset": "data/my_quiz.jsonl", "patch_source": "my_quiz"}
+    validate_run(chapter("02"), mine)
+    with pytest.raises(ParameterError, match="'my_quiz' \\(your dataset\\)"):
+        validate_run(chapter("02"), {**mine, "patch_target": "my_quizz"})
+    with pytest.raises(ParameterError, match="patch_source='my_quiz' is not a task.*-p dataset=PATH"):
+        validate_run(chapter("02"), {"patch_source": "my_quiz"})
+    with pytest.raises(ParameterError, match="did you mean 'mmlu'"):
+        validate_run(chapter("02"), {"patch_target": "mmluu"})
 
 
 def test_a_typo_from_the_command_line_fails_in_seconds_and_touches_nothing(tmp_path, capsys):

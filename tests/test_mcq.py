@@ -181,7 +181,12 @@ def test_user_file(tmp_path):
     recs = [{"prompt": "2 + 2 =", "options": [" 4", " 5"], "answer": " 4"}, {"prompt": "Sky:", "options": [" blue", " red"], "answer": 1}]
     path.write_text("\n".join(json.dumps(r) for r in recs))
     f = load_mcq_file(path)
-    assert f["gold"].tolist() == [0, 1] and f["task"].tolist() == ["file", "file"]
+    assert f["gold"].tolist() == [0, 1] and f["task"].tolist() == ["mc", "mc"]
+    # Named after its file; a file called like an embedded task keeps its own name.
+    clash = tmp_path / "mmlu.json"
+    clash.write_text(json.dumps(recs))
+    assert load_mcq_file(clash)["task"].tolist() == ["mmlu_file", "mmlu_file"]
+    assert load_mcq_file(path, task="quiz")["task"].tolist() == ["quiz", "quiz"]
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"prompt": "x", "options": [" a", " b"], "answer": " c"}))
     with pytest.raises(dkdata.DataError, match="neither one of the options"):

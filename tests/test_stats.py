@@ -79,3 +79,40 @@ def test_curve_estimate_carries_the_grid_fields():
                              "v": np.tile([0.0, 0.2, 1.0, 0.1], 20)})
     est = stats.curve_estimate(per_item, "v", lambda x, y: float(x[np.argmax(y)]), n_boot=50, censor_at=3)
     assert (est.estimate, est.lo, est.hi, est.mode_share, est.censored_share, est.step) == (2, 2, 2, 1.0, 0.0, 1.0)
+
+
+def _clustered(copies: int, seed: int = 0) -> pd.DataFrame:
+    """Two groups in three strata; every row repeated ``copies`` times within its
+    unit, so the independent information is that of the rows without copies."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for u in range(60):
+        g = "content" if u % 2 else "function"
+        s_ = u % 3
+        v = rng.normal(2.0 * (g == "content") + s_, 1.0)
+        rows += [{"unit": u, "group": g, "stratum": s_, "value": v, "x": float(s_)}] * copies
+    return pd.DataFrame(rows)
+
+
+def test_frequency_controls_resample_whole_units():
+    one, five = _clustered(1), _clustered(5)
+    args = dict(n_boot=400, seed=1, min_per_cell=3)
+    by_row = stats.stratified_difference(five, "value", "group", "stratum", a="function", b="content", **args).iloc[-1]
+    by_unit = stats.stratified_difference(five, "value", "group", "stratum", a="function", b="content", unit="unit", **args).iloc[-1]
+    plain = stats.stratified_difference(one, "value", "group", "stratum", a="function", b="content", **args).iloc[-1]
+    assert by_unit["diff"] == pytest.approx(plain["diff"]) == pytest.approx(by_row["diff"])
+    width = lambda r: r["hi"] - r["lo"]  # noqa: E731
+    # Copies inside a unit add no information: resampling units keeps the width of the
+    # copy-free data; resampling rows pretends to five times as many examples.
+    assert width(by_unit) == pytest.approx(width(plain), rel=0.3)
+    assert width(by_row) < 0.6 * width(by_unit)
+    adj = dict(n_boot=300, seed=1)
+    a_unit = stats.adjusted_difference(five, "value", "group", "x", a="function", b="content", unit="unit", **adj).iloc[0]
+    a_row = stats.adjusted_difference(five, "value", "group", "x", a="function", b="content", **adj).iloc[0]
+    a_plain = stats.adjusted_difference(one, "value", "group", "x", a="function", b="content", **adj).iloc[0]
+    assert a_unit["estimate"] == pytest.approx(a_plain["estimate"])
+    assert width(a_unit) == pytest.approx(width(a_plain), rel=0.3) and width(a_row) < 0.6 * width(a_unit)
+    # Too few units for an interval: the estimate alone.
+    few = five[five["unit"] < 6]
+    r = stats.stratified_difference(few, "value", "group", "stratum", a="function", b="content", unit="unit", n_boot=50, min_per_cell=1)
+    assert np.isfinite(r.iloc[-1]["diff"]) and np.isnan(r.iloc[-1]["lo"])

@@ -205,6 +205,11 @@ def test_get_tuned_lens_trains_once_then_reuses(model, tmp_path):
     assert torch.equal(again.A, lens.A)
     other = get_tuned_lens(model, budget="smoke", text=TEXT, cache_dir=tmp_path, progress=False, seed=1)
     assert other.path != path
+    # A seed written in the budget (the form `-p lens_budget=...` takes) is that lens,
+    # not overwritten by the keyword's default.
+    budget = "train_tokens=384,heldout_tokens=64,seq_len=64,steps=3,batch_positions=16,seed=1"
+    assert get_tuned_lens(model, budget=budget, text=TEXT, cache_dir=tmp_path, progress=False).path == other.path
+    assert resolve_config("seed=2,downweight=the").seed == 2 and resolve_config("downweight=the").downweight == "the"
 
 
 def test_downweighting_the(model, tmp_path):

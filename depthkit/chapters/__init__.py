@@ -107,7 +107,23 @@ def _model_chapter(*, lens: bool = True, shared: tuple[str, ...] = ("seed", "n_b
     return {**MODEL_PARAMS, **(LENS_PARAMS if lens else {}), **own, **{k: SHARED[k] for k in shared}, **RESULTS_PARAM}
 
 
-def _distinct_patch_tasks(p: dict[str, Any]) -> str | None:
+def _patch_tasks(p: dict[str, Any]) -> str | None:
+    """Patching reads two distinct tasks, each embedded or the user's ``dataset``
+    (named after its file)."""
+    from depthkit.records import file_set_name
+
+    own = file_set_name(p["dataset"], MCQ_TASKS) if p.get("dataset") else None
+    known = (*MCQ_TASKS, *([own] if own else []))
+    for key in ("patch_source", "patch_target", "patch_control"):
+        if p[key] not in known:
+            close = difflib.get_close_matches(str(p[key]), known, n=1)
+            yours = f"{own!r} (your dataset) or " if own else ""
+            return (
+                f"{key}={p[key]!r} is not a task here{f'; did you mean {close[0]!r}?' if close else ''} Choose "
+                f"{yours}one of {', '.join(MCQ_TASKS)}"
+                + ("" if own else "; a file of your own is patched after `-p dataset=PATH`, under the file's name")
+                + f". Re-run with e.g. `depthkit run 02 -p {key}={own or 'mmlu'}`."
+            )
     if p["patch_source"] == p["patch_target"]:
         return (
             f"patch_source and patch_target are both {p['patch_source']!r}; patching needs two tasks. "
@@ -174,9 +190,9 @@ CHAPTERS: dict[str, Chapter] = {
                 controls=Param(list, choices=("symbols", "permuted"), min=0),
                 control_task=Param(str, choices=MCQ_TASKS),
                 dataset=Param(str, optional=True, help="path of a JSON/JSONL file of {prompt, options, answer} records"),
-                patch_source=Param(str, choices=MCQ_TASKS),
-                patch_target=Param(str, choices=MCQ_TASKS),
-                patch_control=Param(str, choices=MCQ_TASKS),
+                patch_source=Param(str, help="an embedded task, or your dataset by its file name"),
+                patch_target=Param(str, help="an embedded task, or your dataset by its file name"),
+                patch_control=Param(str, help="task of the random-source control: embedded, or your dataset by its file name"),
                 n_pairs=Param(int, min=2),
                 patch_layer_step=Param(int, min=1),
             ),
@@ -184,7 +200,7 @@ CHAPTERS: dict[str, Chapter] = {
                 "tasks": ["mmlu", "sst2"], "n_examples": 4, "shots": 1, "controls": ["symbols"], "n_pairs": 2,
                 "patch_layer_step": 10, "n_boot": 50, "lens_budget": "smoke",
             },
-            checks=(_distinct_patch_tasks,),
+            checks=(_patch_tasks,),
         ),
         Chapter(
             "03",

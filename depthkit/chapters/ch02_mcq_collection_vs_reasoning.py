@@ -380,6 +380,8 @@ def patching_sweeps(model: Model, prompts: pd.DataFrame, p: Mapping[str, Any], n
 
     layers = sorted(set(range(0, n_blocks + 1, p["patch_layer_step"])) | {n_blocks})
     src, tgt = frame(p["patch_source"]), frame(p["patch_target"])
+    # A user's file may hold fewer prompts than n_pairs: pair as many as both tasks have.
+    src, tgt = src.head(len(tgt)), tgt.head(len(src))
     sweeps = []
     for (a, b), (fa, fb) in (((p["patch_source"], p["patch_target"]), (src, tgt)), ((p["patch_target"], p["patch_source"]), (tgt, src))):
         sw = patching.patching_sweep(model, list(fa["prompt"]), list(fb["prompt"]), target_options=list(fb["option_ids"]),

@@ -88,12 +88,13 @@ def onset_k1_by_length(onsets: pd.DataFrame, n_blocks: int, *, n_boot: int, seed
                              censor_at=n_blocks)
 
 
-def onset_curves(onsets: pd.DataFrame, dataset: str) -> pd.DataFrame:
+def onset_curves(onsets: pd.DataFrame, dataset: str, n_blocks: int) -> pd.DataFrame:
     """Mean onset against k for the main dataset, by correctness and (correct
-    tokens only) by answer length; ``group`` names the curve."""
+    tokens only) by answer length; ``group`` names the curve. Onsets at the output
+    row are censored as in :func:`onset_k1` (``censored``: their share)."""
     sub = onsets[onsets["dataset"] == dataset]
-    c = metrics.onset_curve(sub, by=["token", "correct"])
-    by_len = metrics.onset_curve(sub[sub["correct"]], by=["token", "length_group"])
+    c = metrics.onset_curve(sub, by=["token", "correct"], censor_at=n_blocks)
+    by_len = metrics.onset_curve(sub[sub["correct"]], by=["token", "length_group"], censor_at=n_blocks)
     return pd.concat([
         c.assign(group="correct = " + c["correct"].astype(str)).drop(columns="correct"),
         by_len.assign(group="answer of " + by_len["length_group"].astype(str) + " tokens").drop(columns="length_group"),

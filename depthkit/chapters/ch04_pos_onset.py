@@ -261,20 +261,32 @@ def rank1_table(r1: Mapping[str, Any], n_blocks: int, source: str) -> pd.DataFra
     return pd.concat([rows(r1["by_tag"], "tag", r1["by_tag"]["median"]), rows(r1["by_class"], "word_class", np.nan), paper], ignore_index=True)
 
 
+def onset_curves(onsets: pd.DataFrame, n_blocks: int, *, n_boot: int, seed: int) -> pd.DataFrame:
+    """Mean onset against k per tag, before the output (onsets at the output row
+    censored, their share in ``censored``), passages resampled where known."""
+    unit = "passage" if "passage" in onsets.columns else None
+    return metrics.onset_curve(onsets, by=["tag"], n_boot=n_boot, seed=seed, censor_at=n_blocks, unit=unit)
+
+
 def frequency_controls(k1: pd.DataFrame, *, n_boot: int, seed: int) -> dict[str, pd.DataFrame]:
     """The two ways to compare the classes at equal frequency: within matched bins of
     the answer's frequency rank (``matched``: per bin, then the precision-weighted
     average of bins holding at least :data:`MIN_PER_BIN` of each class) and a linear
     fit of onset on log10 rank plus a class offset (``adjusted``). ``cells``: mean
-    onset per bin and class, for the chart."""
-    cells = stats.bootstrap_ci_by(k1, "onset", ["freq_bin", "word_class"], n_boot=n_boot, seed=seed)
+    onset per bin and class, for the chart. Like :func:`class_gap`: onsets before the
+    output only (censored ones are not layers), passages resampled."""
+    if "censored" in k1.columns:
+        k1 = k1[~k1["censored"].astype(bool)]
+    unit = _unit(k1)
+    cells = stats.bootstrap_ci_by(k1, "onset", ["freq_bin", "word_class"], n_boot=n_boot, seed=seed, unit=unit)
     cells["freq_bin"] = pd.Categorical(cells["freq_bin"], categories=list(k1["freq_bin"].cat.categories), ordered=True)
     matched = stats.stratified_difference(
-        k1, "onset", "word_class", "freq_bin", a="function", b="content", n_boot=n_boot, seed=seed, min_per_cell=MIN_PER_BIN
+        k1, "onset", "word_class", "freq_bin", a="function", b="content", n_boot=n_boot, seed=seed, min_per_cell=MIN_PER_BIN,
+        unit=unit,
     )
     adjusted = stats.adjusted_difference(
         k1.assign(log10_rank=np.log10(k1["freq_rank"])), "onset", "word_class", "log10_rank",
-        a="function", b="content", n_boot=n_boot, seed=seed,
+        a="function", b="content", n_boot=n_boot, seed=seed, unit=unit,
     )
     return {"cells": cells, "matched": matched, "adjusted": adjusted}
 
