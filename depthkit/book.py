@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from depthkit import book_pages, plots, reference, tether, verdicts
+from depthkit import book_pages, plots, reference, tether, time_shares, verdicts
 from depthkit.book_site import ROOT, BookError, build_html, prepare_static, write_build_toc
 from depthkit.cache import atomic_write
 from depthkit.stamps import (
@@ -142,20 +142,22 @@ def chapter_params(
 
 
 @contextlib.contextmanager
-def _kernel_of_this_interpreter(work_dir: Path, peak_file: Path | None = None) -> Iterator[str]:
+def _kernel_of_this_interpreter(work_dir: Path, peak_file: Path | None = None, shares_file: Path | None = None) -> Iterator[str]:
     """Register, for the duration of the block, a kernelspec that starts
     ``sys.executable``: papermill then runs chapters in this very environment
     whatever kernels the user has installed. The kernel runs under
     depthkit/tether.py, so it stops when the runner does, however the runner is
     stopped; with ``peak_file`` the tether writes the kernel's peak resident memory
-    and CPU time there when it exits."""
+    and CPU time there when it exits; with ``shares_file`` depthkit/time_shares.py
+    writes there where the kernel's time went."""
     spec_dir = Path(work_dir) / "jupyter" / "kernels" / KERNEL_NAME
     spec_dir.mkdir(parents=True, exist_ok=True)
+    launch = [str(time_shares.SCRIPT), "--out", str(shares_file), "ipykernel_launcher"] if shares_file else ["-m", "ipykernel_launcher"]
     spec = {
         # The kernel's own log (e.g. a notice about TCP transport) is noise in a build.
         "argv": [
             sys.executable, str(tether.SCRIPT), *(["--usage", str(peak_file)] if peak_file else []), "--",
-            sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", "--IPKernelApp.log_level=ERROR",
+            sys.executable, *launch, "-f", "{connection_file}", "--IPKernelApp.log_level=ERROR",
         ],  # fmt: skip
         "display_name": "Python (depthkit)",
         "language": "python",
@@ -236,9 +238,10 @@ def execute_chapter(
     kernelspec = nbformat.read(source, as_version=4).metadata.get("kernelspec")
     start = time.perf_counter()
     work = Path(work_dir) if work_dir else out_dir / ".work"
-    peak_file = work / f"{chapter.slug}.peak.json"
+    peak_file, shares_file = work / f"{chapter.slug}.peak.json", work / f"{chapter.slug}.shares.json"
     peak_file.unlink(missing_ok=True)
-    with _kernel_of_this_interpreter(work, peak_file) as kernel:
+    shares_file.unlink(missing_ok=True)
+    with _kernel_of_this_interpreter(work, peak_file, shares_file) as kernel:
         try:
             papermill.execute_notebook(
                 str(source),
@@ -260,6 +263,7 @@ def execute_chapter(
         "params": params,
         "elapsed_s": round(elapsed, 1),
         **_kernel_usage(peak_file),
+        "time_s": _time_shares(shares_file),
         **book_pages.machine(),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
@@ -284,6 +288,18 @@ def _kernel_usage(path: Path) -> dict[str, float | None]:
     finally:
         Path(path).unlink(missing_ok=True)
     return {k: float(usage[k]) if isinstance(usage.get(k), (int, float)) else None for k in ("peak_rss_mb", "cpu_s")}
+
+
+def _time_shares(path: Path) -> dict[str, float] | None:
+    """Seconds of the kernel's busy time per category (depthkit/time_shares.py), or
+    None where the sampler wrote nothing."""
+    try:
+        seconds = json.loads(Path(path).read_text(encoding="utf-8"))["seconds"]
+        return {k: float(seconds[k]) for k in time_shares.CATEGORIES}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    finally:
+        Path(path).unlink(missing_ok=True)
 
 
 def _plain(text: str) -> str:

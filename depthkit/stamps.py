@@ -23,6 +23,7 @@ _VERSIONED_PACKAGES = ("torch", "transformer-lens", "transformers", "altair", "p
 # change what a chapter computes.
 _RUNNER_FILES = {
     "book.py", "book_pages.py", "book_site.py", "cli.py", "publish.py", "reference.py", "stamps.py", "tether.py",
+    "time_shares.py",
 }  # fmt: skip
 
 

@@ -436,3 +436,38 @@ def test_run_table_from_stamps(chapter: ToyChapter) -> None:
     assert "| 90 Tiny chapter | `m` | 12 min 34 s | 20 min 0 s | 3.2 GB | `n=3` |" in text
     assert "| 91 Other | — | not executed in this build |" in text
     assert "2 CPU cores" in text
+
+
+# --------------------------------------------------------------------------- where a kernel's time goes
+
+
+def test_time_shares_classify_stacks() -> None:
+    from depthkit.time_shares import classify
+
+    cell, pkg, nn = "/tmp/ipykernel_7/123.py", "/x/depthkit", "/v/site-packages/torch/nn/modules/module.py"
+    inner_first = lambda *frames: [*frames, (cell, "<module>"), ("/v/ipykernel/kernelbase.py", "run")]  # noqa: E731
+    assert classify([("/v/zmq/poll.py", "poll"), ("/v/ipykernel/kernelbase.py", "run")]) is None  # idle kernel
+    assert classify(inner_first(("/v/numpy/core.py", "mean"), (f"{pkg}/stats.py", "bootstrap_ci"))) == "statistics"
+    forward = [(nn, "_call_impl"), ("/v/transformer_lens/model.py", "forward"), (f"{pkg}/capture.py", "_run"),
+               (f"{pkg}/trajectories.py", "trajectories")]
+    assert classify(inner_first(*forward)) == "model forward"
+    # A lens readout inside a forward hook is the readout, not the forward around it.
+    assert classify(inner_first((nn, "_call_impl"), (f"{pkg}/lenses.py", "readout"), (f"{pkg}/capture.py", "grab"), *forward)) == "lens readout"
+    assert classify(inner_first((f"{pkg}/trajectories.py", "decode_residuals"))) == "lens readout"
+    assert classify(inner_first(*forward, (f"{pkg}/lens_training.py", "train_tuned_lens"))) == "lens training"
+    assert classify(inner_first(("/v/pandas/frame.py", "merge"), (f"{pkg}/metrics.py", "onset_layers"))) == "other"
+    assert classify(inner_first(("/v/altair/api.py", "to_dict"))) == "other"
+    assert classify(inner_first((f"{pkg}/lenses.py", "<module>"), ("<frozen importlib._bootstrap>", "_load"))) == "other"
+
+
+def test_a_chapter_stamp_says_where_its_time_went(tmp_path: Path) -> None:
+    body = ("import time, numpy as np\nfrom depthkit import stats\nt = time.time()\n"
+            "while time.time() - t < 1.5:\n    stats.bootstrap_ci(np.arange(2000.0), n_boot=200)\n")
+    ch = ToyChapter("91", "91_busy", "Busy chapter", _notebook(tmp_path / "91_busy.ipynb", body=body))
+    out = tmp_path / "out"
+    book.execute_chapter(ch, {"model": "m", "n": 1}, out, work_dir=tmp_path / "work")
+    shares = json.loads(book.output_paths(out, ch.slug)[1].read_text())["time_s"]
+    assert set(shares) == {"model forward", "lens readout", "lens training", "statistics", "other"}
+    # The loop runs 1.5 s of bootstraps; importing depthkit in the cell is "other".
+    assert 1.2 < shares["statistics"] < 2.0 and shares["other"] > 0
+    assert shares["model forward"] == shares["lens readout"] == 0
