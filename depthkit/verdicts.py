@@ -607,13 +607,22 @@ def robustness_roots(root: str | Path | None = None) -> list[Path]:
 
 
 def _robustness(
-    rule: Rule, model: str, main: dict[str, Run], others: Sequence[tuple[Path, dict[str, Run], Evidence]], paper: pd.DataFrame
+    rule: Rule, model: str, main: dict[str, Run], others: Sequence[tuple[Path, dict[str, Run], Evidence]], paper: pd.DataFrame,
+    verdict: str,
 ) -> str:
+    """Whether ``verdict`` (the main run's) holds in every robustness run of the
+    rule's chapter: "stable (…)", or the variants that change it, with their verdicts."""
     parts = [
-        f"{_variant(main.get(rule.chapter), runs[rule.chapter], folder.name)}: {judge(rule, ev, model, paper).outcome}"
+        (_variant(main.get(rule.chapter), runs[rule.chapter], folder.name), judge(rule, ev, model, paper).outcome)
         for folder, runs, ev in others if rule.chapter in runs
     ]
-    return "; ".join(parts) or "not run"
+    if not parts:
+        return "not run"
+    same = [v for v, o in parts if o == verdict]
+    changed = [f"{v}: {o}" for v, o in parts if o != verdict]
+    if not changed:
+        return f"stable: {verdict} under {', '.join(same)}"
+    return f"changes under {'; '.join(changed)}" + (f" (same under {', '.join(same)})" if same else "")
 
 
 def _values(v: Verdict) -> str:
@@ -642,8 +651,9 @@ def findings(models: Sequence[str] = (), results_root: str | Path | None = None)
         main = _runs(model, root)
         ev = evidence(model, root, main)
         others = [(r, o, evidence(model, r, o)) for r in robustness_roots(root) if (o := _runs(model, r))]
-        out += [Finding(rule, rule.reference(paper), judge(rule, ev, model, paper), _robustness(rule, model, main, others, paper))
-                for rule in RULES]
+        for rule in RULES:
+            verdict = judge(rule, ev, model, paper)
+            out.append(Finding(rule, rule.reference(paper), verdict, _robustness(rule, model, main, others, paper, verdict.outcome)))
     return out
 
 
@@ -712,8 +722,9 @@ def findings_markdown(table: pd.DataFrame) -> str:
         "Values are this book's runs: layers as ℓ/L, shares as fractions, differences as fractions of the depth, each "
         "with its 95 % bootstrap interval. The paper's values are reference values for its own models "
         "(GPT2-XL, 48 blocks; Pythia-6.9B, Llama-2-7B and Llama-3-8B, 32 blocks each). *Robustness* lists the verdicts "
-        f"of runs of the same model with another lens, convention or seed, saved under `results/{ROBUSTNESS_DIR}/<variant>/` "
-        f"(e.g. `depthkit run 04 --model smollm2-135m -p lens=logit -p results_root=results/{ROBUSTNESS_DIR}/logit`).",
+        f"of runs of the same model with another lens, convention or seed and whether the verdict survives them "
+        f"(kept under `reference/{ROBUSTNESS_DIR}/<variant>/`, made with e.g. "
+        "`depthkit run 04 --reference --variant logit -p lens=logit`).",
         "## The rules, fixed before the results\n\n" + markdown_table(rules_table()),
         "A claim is *reproduced* when every testable unit (the run, a task, a direction) shows it as the paper states it, "
         "*partly* when some unit shows at least its direction, *not reproduced* when none does and *not testable* when "

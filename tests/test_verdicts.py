@@ -260,13 +260,13 @@ def _save_01(root, name: str, n_blocks: int, l1: float, flipped: int) -> None:
         rec.table("flip_rates", flips)
 
 
-def _save_05(root, name: str, n_blocks: int, split: float, lens: str = "tuned") -> None:
+def _save_05(root, name: str, n_blocks: int, split: float, lens: str = "tuned", convention: str = "canonical") -> None:
     info = {"name": name, "n_blocks": n_blocks}
     transitions = pd.DataFrame({"name": ["ℓ* (two-segment fit, log block_rel)"], "estimate": [split], "lo": [split - 1],
                                 "hi": [split + 1], "n": [24.0]})
     test = pd.DataFrame([{"split": split, "slope_change": 0.05, "slope_change_lo": 0.02, "slope_change_hi": 0.08,
                           "first_knot": 2.0, "last_knot": n_blocks - 2.0, "two_segments": split > 2, "n": 24}])
-    with RunRecorder("05_residual_phase_change", info, {"lens": lens, "seed": 0}, 0, root=root) as rec:
+    with RunRecorder("05_residual_phase_change", info, {"lens": lens, "convention": convention, "seed": 0}, 0, root=root) as rec:
         rec.table("transitions", transitions)
         rec.table("phase_test", test)
 
@@ -299,7 +299,15 @@ def test_robustness_runs_fill_their_column(tmp_path) -> None:
     assert vd.robustness_roots(tmp_path) == [tmp_path / vd.ROBUSTNESS_DIR / "logit"]
     table = vd.findings_table(["model-a"], tmp_path).set_index("claim")
     phase = next(r.claim for r in vd.RULES if r.name == "residual phase change")
-    assert table.loc[phase, "robustness"] == "lens=logit: not reproduced"
+    assert table.loc[phase, "robustness"] == "changes under lens=logit: not reproduced"
+    _save_05(tmp_path / vd.ROBUSTNESS_DIR / "authors", "model-a", 30, 12.0, lens="tuned", convention="authors")
+    table = vd.findings_table(["model-a"], tmp_path).set_index("claim")
+    assert table.loc[phase, "robustness"] == "changes under lens=logit: not reproduced (same under convention=authors)"
+    import shutil
+
+    shutil.rmtree(tmp_path / vd.ROBUSTNESS_DIR / "logit")
+    table = vd.findings_table(["model-a"], tmp_path).set_index("claim")
+    assert table.loc[phase, "robustness"] == "stable: reproduced under convention=authors"
     freq = next(r.claim for r in vd.RULES if r.name == "frequent early guesses")
     assert table.loc[freq, "robustness"] == "not run"
 
