@@ -2,7 +2,7 @@
 
     make book && python benchmarks/book.py            # the default model's chapters
     python benchmarks/book.py --root /path/to/clone   # another checkout's build
-    python benchmarks/book.py --reference             # also the kept reference runs
+    python benchmarks/book.py --reference             # also the kept reference and robustness runs
 
 Prints one table: wall time, the kernel's CPU time and peak resident memory, and the
 share of the kernel's busy time spent in the model's forward passes, lens readouts,
@@ -62,8 +62,9 @@ def stamps(root: Path, reference: bool) -> list[tuple[dict, str]]:
         out.append((stamp, stamp.get("params", {}).get("model", "default")))
     if reference:
         for path in sorted((root / "reference").glob("*/*/stamp.json")):
-            stamp = json.loads(path.read_text())
-            out.append((stamp, path.parent.parent.name + " (reference)"))
+            out.append((json.loads(path.read_text()), path.parent.parent.name + " (reference)"))
+        for path in sorted((root / "reference" / "_robustness").glob("*/*/*/stamp.json")):
+            out.append((json.loads(path.read_text()), f"{path.parent.parent.name} ({path.parent.parent.parent.name}, reference)"))
     return out
 
 
@@ -81,7 +82,7 @@ def main() -> None:
     if not found:
         raise SystemExit(f"No chapter stamps under {args.root / 'book' / 'chapters'}: build the book first (make book).")
     rows = [_row(s, m) for s, m in found]
-    built = [s for s, model in found if "(reference)" not in model]
+    built = [s for s, model in found if not model.endswith("reference)")]
     wall, cpu = sum(float(s.get("elapsed_s") or 0) for s in built), sum(float(s.get("cpu_s") or 0) for s in built)
     rows.append(["all chapters", "", f"{wall / 60:.1f} min", f"{cpu / 60:.1f} min", "", *[""] * 6])
     print(table(rows))
