@@ -285,3 +285,16 @@ def test_a_users_file_is_a_patching_source_under_its_name(tiny_llama, tmp_path):
     assert set(main["direction"]) == {"my_quiz → other", "other → my_quiz"}
     # The file holds two prompts: two pairs per direction, not n_pairs.
     assert main.groupby("direction")["pair"].nunique().eq(2).all()
+
+
+def test_early_exits_are_read_canonically_under_the_authors_convention(tiny_llama):
+    from depthkit import mcq
+
+    prompts = mcq.add_option_ids(tiny_llama, pd.DataFrame({
+        "task": "t", "example": [0, 1], "prompt": ["The cat sat on the", "Water boils at"],
+        "options": [[" the", " door"]] * 2, "gold": [0, 1]}))
+    _, authors = mcq.option_ranks(tiny_llama, prompts, lens="logit", convention="authors", return_trajectories=True, progress=False)
+    _, canonical = mcq.option_ranks(tiny_llama, prompts, lens="logit", return_trajectories=True, progress=False)
+    with pytest.raises(ValueError, match="pass model, prompts and lens"):
+        ch.early_exits(authors)
+    pd.testing.assert_frame_equal(ch.early_exits(authors, tiny_llama, prompts, "logit"), ch.early_exits(canonical))

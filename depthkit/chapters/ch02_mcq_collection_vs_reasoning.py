@@ -463,7 +463,15 @@ def patching_summary(tr: pd.DataFrame, sweep: pd.DataFrame, ranks: pd.DataFrame,
             "the lines above say whether they do here.")
 
 
-def early_exits(trajs: Mapping[str, Any]) -> pd.DataFrame:
+def early_exits(trajs: Mapping[str, Any], model: Model | None = None, prompts: pd.DataFrame | None = None, lens=None) -> pd.DataFrame:
+    """Every task's early-exit table. An exit after ℓ blocks reads that residual with
+    translator ℓ (the canonical convention), so trajectories read in the authors'
+    convention are read again canonically, from ``model``, ``prompts`` and ``lens``."""
+    if any(tr.convention != "canonical" for tr in trajs.values()):
+        if model is None or prompts is None:
+            raise ValueError("These trajectories are not in the canonical convention; pass model, prompts and lens to read the exits.")
+        _, trajs = mcq.option_ranks(model, prompts, lens=lens, convention="canonical", return_trajectories=True)
+
     def options(tr) -> list[str]:
         return sorted([t for t in tr.targets["target"].unique() if t.startswith("opt")], key=lambda s: int(s[3:]))
 
