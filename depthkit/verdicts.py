@@ -142,10 +142,24 @@ class Rule:
 
 
 def _ci(s: Stat | None, pct: bool = False) -> str:
+    """A value with its interval; an interval whose ends are equal is not shown as
+    one (every resample gave the same grid value: it says so instead)."""
     if s is None or not math.isfinite(s.value):
         return "—"
     f = (lambda v: f"{v:.0%}") if pct else (lambda v: f"{v:.2f}")
-    return f(s.value) + (f" [{f(s.lo)}, {f(s.hi)}]" if math.isfinite(s.lo) and math.isfinite(s.hi) else "")
+    if not (math.isfinite(s.lo) and math.isfinite(s.hi)):
+        return f(s.value)
+    if f(s.lo) == f(s.hi):
+        return f"{f(s.value)} (every resample)"
+    return f"{f(s.value)} [{f(s.lo)}, {f(s.hi)}]"
+
+
+def _layer_at(s: Stat | None) -> str:
+    """A layer as ℓ/L, where ℓ/L = 1 (the output row) is censoring, not a depth."""
+    if s is not None and math.isfinite(s.value) and s.value >= 1:
+        share = "" if not _has_interval(s) or s.lo >= 1 else f" (95 % CI from ℓ/L {s.lo:.2f})"
+        return f"the output, not before{share}"
+    return f"ℓ/L {_ci(s)}"
 
 
 def _has_interval(s: Stat) -> bool:
@@ -255,7 +269,7 @@ def _collected_first(ev: Evidence, ref: Reference) -> list[Check]:
     def check(task: str) -> Check:
         def score(s: Stat) -> tuple[int, str]:
             first = s.hi <= ref.value
-            return int(first) * 2, f"{task}: collected at ℓ/L {_ci(s)}" + ("" if first else ", not clearly in the first half")
+            return int(first) * 2, f"{task}: collected at {_layer_at(s)}" + ("" if first else ", not clearly in the first half")
 
         return _check(task, ev.get("02", f"MCQ options collected ({task})"), [_task_gate(ev, task)], score)
 
@@ -267,7 +281,7 @@ def _settled_later(ev: Evidence, ref: Reference) -> list[Check]:
         settled = ev.get("02", f"MCQ answer settled ({task})")
 
         def score(s: Stat) -> tuple[int, str]:
-            text = f"{task}: settled minus collected {_ci(s)}, settled at ℓ/L {_ci(settled)}"
+            text = f"{task}: settled minus collected {_ci(s)}, settled at {_layer_at(settled)}"
             if not s.lo > 0:
                 return 0, text + ": not clearly later"
             second = settled is not None and _has_interval(settled) and settled.lo >= ref.value
@@ -538,16 +552,33 @@ def _derive_05(run: Run, other: Callable[[str], Run | None]) -> list[tuple]:
             (Q_EDGE, edge, np.nan, np.nan, t["n"])]
 
 
+def _classes_06(scores: pd.DataFrame, min_group: int) -> pd.DataFrame | None:
+    """The tokens chapter 06 compares by word class, as its ``pos_tables`` keeps them:
+    correctly predicted first pieces of words, in tags with at least ``min_group``
+    tokens (the saved scores carry each token's tag, not its class)."""
+    from depthkit.pos import word_class
+
+    if "word_class" in scores:
+        return scores
+    if not {"pos", "correct", "first_piece"} <= set(scores.columns):
+        return None
+    kept = scores[scores["correct"].astype(bool) & scores["first_piece"].astype(bool)]
+    counts = kept["pos"].value_counts()
+    kept = kept[kept["pos"].isin(counts[counts >= min_group].index)]
+    return kept.assign(word_class=kept["pos"].map(word_class))
+
+
 def _derive_06(run: Run, other: Callable[[str], Run | None]) -> list[tuple]:
     from depthkit.chapters.ch06_depth_score import class_difference
 
     s = run["scores"]
     agree = unit_mean(s.assign(agree=s["settles_on_final"].astype(float)), "agree", "item", **_boot(run)).iloc[0]
     rows = [(Q_AGREE, agree["estimate"], agree["lo"], agree["hi"], agree["n"])]
-    if "word_class" in s:
-        counts = s["word_class"].value_counts()
+    kept = _classes_06(s, int(run.params.get("min_group", 1)))
+    if kept is not None:
+        counts = kept["word_class"].value_counts()
         rows += [(Q_CLASS_TOKENS.format(c=c), float(counts.get(c, 0)), np.nan, np.nan, np.nan) for c in ("function", "content")]
-        gap = class_difference(s, **_boot(run))
+        gap = class_difference(kept, **_boot(run))
         rows.append((Q_DEPTH_GAP, gap.estimate, gap.lo, gap.hi, gap.n))
     return rows
 

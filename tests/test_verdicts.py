@@ -408,3 +408,20 @@ def test_chapter_02_quantities_from_saved_tables(tmp_path) -> None:
     assert found["options collected first"].outcome == "reproduced"
     assert found["answer chosen later"].outcome == "reproduced"
     assert found["patching apart from the lens"].outcome == "reproduced"
+
+
+def test_no_interval_shown_as_precise_and_the_output_row_is_censoring() -> None:
+    assert vd._ci(vd.Stat(0.72, 0.72, 0.72, 50)) == "0.72 (every resample)"
+    assert vd._ci(vd.Stat(0.5, 0.4, 0.6, 50)) == "0.50 [0.40, 0.60]"
+    assert vd._layer_at(vd.Stat(1.0, 1.0, 1.0, 50)) == "the output, not before"
+    assert vd._layer_at(vd.Stat(1.0, 0.9, 1.0, 50)) == "the output, not before (95 % CI from ℓ/L 0.90)"
+    assert vd._layer_at(vd.Stat(0.4, 0.3, 0.5, 50)) == "ℓ/L 0.40 [0.30, 0.50]"
+
+
+def test_chapter_06_classes_come_from_the_saved_tags() -> None:
+    scores = pd.DataFrame({"pos": ["DET", "DET", "NOUN", "NOUN", "X"], "correct": [True, True, True, False, True],
+                           "first_piece": [True, True, True, True, False]})
+    kept = vd._classes_06(scores, min_group=1)
+    assert kept["word_class"].tolist() == ["function", "function", "content"]
+    assert vd._classes_06(scores, min_group=2)["pos"].tolist() == ["DET", "DET"]
+    assert vd._classes_06(scores.drop(columns="pos"), 1) is None
