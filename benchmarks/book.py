@@ -16,21 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 from pathlib import Path
+
+from depthkit.reference import cpu_name
 
 CATEGORIES = ("model forward", "lens readout", "lens training", "statistics", "other")
 HEAD = ["chapter", "model", "wall", "CPU", "peak RSS", "forward", "readout", "training", "stats", "other", "unsampled"]
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _flags() -> str:

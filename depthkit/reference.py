@@ -82,7 +82,7 @@ def _commit() -> str:
     return head + ("+uncommitted changes" if dirty else "")
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -102,7 +102,7 @@ def provenance(chapter: Any, model: str, stamp: dict[str, Any], command: str) ->
     return {
         "commit": _commit(),
         "date": stamp.get("finished"),
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "cpus": stamp.get("cpus"),
         "wall_s": stamp.get("elapsed_s"),
         "command": command,
