@@ -20,10 +20,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from depthkit import book, reference
+from depthkit.book import reference
+from depthkit.book import runner as book
 from depthkit.chapters import CHAPTERS, Chapter, available_chapters, chapter
-from depthkit.models import DEFAULT_MODEL, ModelLoadError
-from depthkit.params import ParameterError
+from depthkit.core.params import ParameterError
+from depthkit.engine.models import DEFAULT_MODEL, ModelLoadError
 
 
 def _select(spec: str | None) -> list[Chapter]:
@@ -153,7 +154,7 @@ def _cmd_reference(args: argparse.Namespace) -> int:
 
 
 def _cmd_publish(args: argparse.Namespace) -> int:
-    from depthkit.publish import publish_book
+    from depthkit.book.publish import publish_book
 
     root = _book_root(args.root)
     html = root / "_build" / "html"
@@ -180,7 +181,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_results(args: argparse.Namespace) -> int:
-    from depthkit.results import list_runs
+    from depthkit.core.results import list_runs
 
     runs = list_runs(_results_root(args.results))
     if len(runs) == 0:

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import depthkit as dk
-from depthkit.capture import Item, collect_residuals
-from depthkit.lenses import LogitLens, layer_plan
-from depthkit.trajectories import decode_residuals
+from depthkit.engine.capture import Item, collect_residuals
+from depthkit.lens.base import LogitLens, layer_plan
+from depthkit.lens.trajectories import decode_residuals
 
 PROMPTS = [
     "The cat sat on the mat",
@@ -245,7 +245,7 @@ def test_readout_into_a_buffer_is_the_unembedding_modules_product(tiny_models, a
 def test_a_reused_workspace_leaves_earlier_results_alone(tiny_llama):
     """Decoding reuses one buffer across batches: results must not depend on what it
     held before, nor change when it is written again."""
-    from depthkit.trajectories import Workspace
+    from depthkit.lens.trajectories import Workspace
 
     lens = LogitLens(tiny_llama)
     plan = layer_plan(tiny_llama.cfg.n_layers)
@@ -268,7 +268,7 @@ def test_statistics_taken_in_cache_sized_blocks_equal_one_pass(tiny_llama, monke
     their passes work on (one row, some rows, the whole chunk)."""
     import importlib
 
-    tr = importlib.import_module("depthkit.trajectories")  # the module, not dk.trajectories the function
+    tr = importlib.import_module("depthkit.lens.trajectories")  # the module, not dk.trajectories the function
     items = dk.make_items(tiny_llama, PROMPTS, positions="all")
     resid = collect_residuals(tiny_llama, items)
     plan = layer_plan(tiny_llama.cfg.n_layers)

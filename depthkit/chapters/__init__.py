@@ -5,11 +5,11 @@ parameters cell, where a reader of the notebook sees them.
 
 Each chapter NN also has a module ``depthkit.chapters.chNN_<name>`` holding what
 its notebook would otherwise compute inline: the summary prose (generated from the
-numbers, through :mod:`depthkit.narrate`), its headline quantities and the paper's
+numbers, through :mod:`depthkit.stats.narrate`), its headline quantities and the paper's
 reference rows. Chapter 07 reads every chapter's headlines through
 :func:`headlines`, never by table schema. A chapter module defines:
 
-* ``headlines(run: depthkit.results.Run) -> pd.DataFrame`` with
+* ``headlines(run: depthkit.core.results.Run) -> pd.DataFrame`` with
   :data:`HEADLINE_COLUMNS` (``scale`` is "layer" for a layer index, to be divided by
   the model's L for comparisons across models, or "share" / "other");
 * ``PAPER``: a DataFrame of the paper's reference values with
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from depthkit.params import Param, ParameterError, check_params, rerun_hint
+from depthkit.core.params import Param, ParameterError, check_params, rerun_hint
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 
@@ -85,7 +85,7 @@ class Chapter:
     # Reads other chapters' saved results (re-run whenever they change).
     reads_results: bool = False
     # The question the chapter asks, and the parameters that size its run: both shown
-    # in the box at the top of the chapter's page (depthkit.book_pages).
+    # in the box at the top of the chapter's page (depthkit.book.pages).
     asks: str = ""
     key_params: tuple[str, ...] = ()
 
@@ -110,7 +110,7 @@ def _model_chapter(*, lens: bool = True, shared: tuple[str, ...] = ("seed", "n_b
 def _patch_tasks(p: dict[str, Any]) -> str | None:
     """Patching reads two distinct tasks, each embedded or the user's ``dataset``
     (named after its file)."""
-    from depthkit.records import file_set_name
+    from depthkit.data.user_files import file_set_name
 
     own = file_set_name(p["dataset"], MCQ_TASKS) if p.get("dataset") else None
     known = (*MCQ_TASKS, *([own] if own else []))
@@ -300,9 +300,9 @@ def headlines(model: str, key: str, results_root: str | Path | None = None) -> A
     """The headline quantities of one chapter's saved run of ``model``:
     :data:`HEADLINE_COLUMNS` plus ``model``, ``chapter``, ``n_blocks`` and
     ``value_norm``/``lo_norm``/``hi_norm`` (layers divided by the model's L, other
-    quantities as they are). Raises depthkit.results.ResultsError when the run is
+    quantities as they are). Raises depthkit.core.results.ResultsError when the run is
     missing or incomplete."""
-    from depthkit.results import load_run
+    from depthkit.core.results import load_run
 
     ch = chapter(key)
     return run_headlines(load_run(model, ch.slug, root=results_root), ch).assign(model=model)
@@ -376,19 +376,22 @@ def _lens_choice(ch: Chapter, p: dict[str, Any]) -> str | None:
     """``lens`` is a kind or an existing lens file; a budget is a name or valid
     TrainConfig fields (checked by the config itself, which imports torch only when
     a budget other than the two names is given)."""
+    from depthkit.lens.registry import is_lens_path, kind_names
+
     lens = p.get("lens")
-    if lens is not None and lens not in ("tuned", "logit"):
-        if not str(lens).endswith((".safetensors", ".json")):
-            return (f"lens={lens!r}: choose 'tuned', 'logit' or the path of a saved lens file (.safetensors). "
+    if lens is not None and lens not in kind_names():
+        if not is_lens_path(str(lens)):
+            kinds = ", ".join(repr(k) for k in kind_names())
+            return (f"lens={lens!r}: choose {kinds} or the path of a saved lens file (.safetensors). "
                     f"Re-run with e.g. `depthkit run {ch.id} -p lens=tuned`.")
         if not Path(str(lens)).expanduser().with_suffix(".safetensors").is_file():
-            return (f"lens={lens!r}: no such lens file. Save one with depthkit.tuned_lens.save_lens, or re-run with "
+            return (f"lens={lens!r}: no such lens file. Save one with depthkit.lens.save_lens, or re-run with "
                     f"e.g. `depthkit run {ch.id} -p lens=tuned`.")
     for key in ("lens_budget", "bias_budget"):
         budget = p.get(key)
         if budget is None or budget in ("default", "smoke"):
             continue
-        from depthkit.lens_data import resolve_config
+        from depthkit.lens.training_data import resolve_config
 
         try:
             resolve_config(budget)

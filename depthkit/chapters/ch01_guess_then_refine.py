@@ -14,8 +14,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from depthkit import frequency, metrics, narrate, stats
+from depthkit import stats
+from depthkit.analyses import frequency, summaries
 from depthkit.chapters import HEADLINE_COLUMNS, PAPER_COLUMNS
+from depthkit.stats import narrate
 
 TOP = frequency.BUCKETS[0]
 # The embedding row (no block has run) and the residual after block 0, in both layer conventions.
@@ -82,8 +84,8 @@ def per_prompt(steps: pd.DataFrame, final: pd.DataFrame, freq: pd.DataFrame) -> 
     """One row per (prompt, layer): whether the top-1 is a Top-10 token (``top10``),
     differs from the model's own prediction (``flip``), and whether that final
     prediction is a Top-10 token (``final_top10``)."""
-    lab = metrics.label_buckets(steps, freq)
-    fin = metrics.final_top1(steps, final)
+    lab = summaries.label_buckets(steps, freq)
+    fin = summaries.final_top1(steps, final)
     keys = [c for c in fin.columns if c != "final_id"]
     fin["final_top10"] = frequency.bucket_of(frequency.ranks_of(freq, fin["final_id"].to_numpy())) == TOP
     out = lab.merge(fin, on=keys, how="left", validate="many_to_one")
@@ -98,11 +100,11 @@ def bucket_tables(
 ) -> dict[str, pd.DataFrame]:
     """Bucket shares per layer, the model's own prediction bucketed the same way
     (at layer ``L``), and flip rates per layer and bucket."""
-    final_steps = metrics.final_top1(steps, final).rename(columns={"final_id": "top1_id"}).assign(layer=L)
+    final_steps = summaries.final_top1(steps, final).rename(columns={"final_id": "top1_id"}).assign(layer=L)
     return {
-        "shares": metrics.bucket_shares(steps, freq, n_boot=n_boot, seed=seed),
-        "final_share": metrics.bucket_shares(final_steps, freq, n_boot=n_boot, seed=seed),
-        "flips": metrics.flip_rates(steps, freq, final=final, n_boot=n_boot, seed=seed),
+        "shares": summaries.bucket_shares(steps, freq, n_boot=n_boot, seed=seed),
+        "final_share": summaries.bucket_shares(final_steps, freq, n_boot=n_boot, seed=seed),
+        "flips": summaries.flip_rates(steps, freq, final=final, n_boot=n_boot, seed=seed),
     }
 
 
@@ -112,10 +114,9 @@ def last_input_tokens(net: Any, prompts: pd.DataFrame) -> pd.DataFrame:
     word such as ``" city"``) or not (a word piece or punctuation such as ``"ing"``,
     ``","``): ``[item, last_id, last_token, whitespace_led]``. Known before the model
     runs, so groups made from it do not select on the model's output."""
-    from depthkit.models import tokenizer_of
-    from depthkit.trajectories import encode
+    from depthkit.lens.trajectories import encode
 
-    tok = tokenizer_of(net)
+    tok = net.tokenizer
     ids = [encode(net, t, on_overflow="truncate")[-1] for t in prompts["prompt"]]
     return last_token_frame(ids, [tok.decode([i]) for i in ids])
 
@@ -155,7 +156,7 @@ def input_groups(pp: pd.DataFrame, last: pd.DataFrame, *, n_boot: int, seed: int
 
 def _pp(diff: float, lo: float, hi: float) -> str:
     """A difference in percentage points with its interval, signed as
-    :func:`depthkit.narrate.difference` writes it ("+3.1 pp (95 % CI -1.0 to +7.2)")."""
+    :func:`depthkit.stats.narrate.difference` writes it ("+3.1 pp (95 % CI -1.0 to +7.2)")."""
     if not np.isfinite(diff):
         return "—"
     if not (np.isfinite(lo) and np.isfinite(hi)):
@@ -233,7 +234,7 @@ def guesses_from(
     steps: pd.DataFrame, final: pd.DataFrame, last: pd.DataFrame, bigram: pd.DataFrame, unigram_id: int
 ) -> pd.DataFrame:
     """The guesses of :func:`reference_guesses` from the bigram table
-    (:func:`depthkit.frequency.bigram_successors`). The bigram guess is the most
+    (:func:`depthkit.analyses.frequency.bigram_successors`). The bigram guess is the most
     frequent successor of the prompt's last input token; where that token is never
     followed by anything in the counting corpus it backs off to the unigram guess
     (``backoff`` True), so that every prompt has every guess and every agreement
@@ -247,7 +248,7 @@ def guesses_from(
         [
             keys.assign(guess="unigram", token_id=unigram_id, backoff=False),
             keys.assign(guess="bigram", token_id=np.where(backoff, unigram_id, bi).astype(np.int64), backoff=backoff),
-            metrics.final_top1(steps, final).rename(columns={"final_id": "token_id"}).assign(guess="final", backoff=False),
+            summaries.final_top1(steps, final).rename(columns={"final_id": "token_id"}).assign(guess="final", backoff=False),
         ],
         ignore_index=True,
     )

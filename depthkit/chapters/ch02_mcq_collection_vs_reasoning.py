@@ -1,6 +1,6 @@
 """Chapter 02 (multiple choice: collecting options, then choosing): the chapter's
-computations beyond the analysis modules (:mod:`depthkit.mcq`,
-:mod:`depthkit.patching`, :mod:`depthkit.early_exit`), its generated prose, its
+computations beyond the analysis modules (:mod:`depthkit.analyses.mcq`,
+:mod:`depthkit.analyses.patching`, :mod:`depthkit.analyses.early_exit`), its generated prose, its
 headline quantities and the paper's reference rows."""
 
 from __future__ import annotations
@@ -12,12 +12,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from depthkit import early_exit, mcq, narrate, patching, stats
+from depthkit import stats
+from depthkit.analyses import early_exit, mcq, patching
 from depthkit.chapters import HEADLINE_COLUMNS, PAPER_COLUMNS
-from depthkit.trajectories import encode
+from depthkit.lens.trajectories import encode
+from depthkit.stats import narrate
 
 if TYPE_CHECKING:
-    from depthkit.handles import Model
+    from depthkit.engine.handle import Model
 
 # Thresholds of mcq.layer_estimates' defaults, repeated where the prose names them.
 COLLECT_LEVEL, DECIDE_LEVEL = 0.5, 0.9

@@ -17,8 +17,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from depthkit import depth_score, frequency, narrate, pos, stats
+from depthkit import stats
+from depthkit.analyses import depth_score, frequency, part_of_speech
 from depthkit.chapters import HEADLINE_COLUMNS, PAPER_COLUMNS
+from depthkit.stats import narrate
 
 # The paper has no early-exit or deep-thinking numbers; its word-class onsets are chapter 04's.
 PAPER = pd.DataFrame(columns=PAPER_COLUMNS)
@@ -43,7 +45,7 @@ def model_line(info: Any, lens_name: str, convention: str) -> str:
 
 
 def scores_with_buckets(traj: Any, freq: pd.DataFrame) -> pd.DataFrame:
-    """:func:`depthkit.depth_score.depth_scores` plus the frequency ``bucket`` of the
+    """:func:`depthkit.analyses.depth_score.depth_scores` plus the frequency ``bucket`` of the
     model's predicted token."""
     scores = depth_score.depth_scores(traj)
     scores["bucket"] = frequency.bucket_of(frequency.ranks_of(freq, scores["final_id"].to_numpy()))
@@ -87,7 +89,7 @@ def pos_tables(
     kept = tagged[tagged["correct"] & tagged["first_piece"]]
     counts = kept["pos"].value_counts()
     kept = kept[kept["pos"].isin(counts[counts >= min_group].index)]
-    kept = kept.assign(word_class=kept["pos"].map(pos.word_class))
+    kept = kept.assign(word_class=kept["pos"].map(part_of_speech.word_class))
     pos_summary = group_depths(kept, "pos", n_boot=n_boot, seed=seed)
     class_summary = group_depths(kept[kept["word_class"] != "other"], "word_class", n_boot=n_boot, seed=seed)
     return tagged, kept, pos_summary, class_summary
@@ -253,7 +255,7 @@ def dtr_table(scores: pd.DataFrame, rho: float) -> pd.DataFrame:
 
 def deep_token_accuracy(scores: pd.DataFrame, rho: float, *, n_boot: int, seed: int) -> stats.CI:
     """Share of deep-thinking tokens (d_sat/L ≥ ``rho``, as in
-    :func:`depthkit.depth_score.deep_thinking_ratio`) that are the true next token,
+    :func:`depthkit.analyses.depth_score.deep_thinking_ratio`) that are the true next token,
     minus that share among the other tokens; the interval resamples passages."""
     d = scores.assign(deep=scores["d_sat_norm"].to_numpy() >= rho - 1e-12, right=scores["correct"].astype(float))
     per = d.pivot_table(index="item", columns="deep", values="right", aggfunc=["sum", "count"], fill_value=0)
@@ -336,7 +338,7 @@ def exit_text(
     n_select: int | None = None, n_report: int | None = None,
 ) -> str:
     """The Markdown summary of the early-exit operating points at ``target`` agreement
-    (``saving``: :func:`depthkit.depth_score.held_out_saving`, thresholds chosen on
+    (``saving``: :func:`depthkit.analyses.depth_score.held_out_saving`, thresholds chosen on
     ``n_select`` passages and measured on ``n_report`` others; no interval)."""
     s = saving.set_index("policy")
     conf, fixed, osat, o1 = (s.loc[k] for k in POLICIES)
