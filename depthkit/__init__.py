@@ -2,9 +2,11 @@
 *How LLMs Use Their Depth*.
 
 >>> import depthkit as dk
->>> model = dk.load_model("smollm2-135m")
->>> traj = dk.trajectories(model, ["The capital of France is"])
->>> traj.top1_table()
+>>> model = dk.load_model("tiny-llama", seed=0)  # the book's default is "smollm2-135m"
+>>> traj = dk.trajectories(model, ["The capital of France is"], progress=False)
+>>> table = traj.top1_table()  # the last position's top-1 token at every depth
+>>> len(table) == model.info.n_blocks + 1, list(table.columns)
+(True, ['layer', 'top1_token', 'top1_prob', 'entropy', 'kl_to_final'])
 
 The packages, read bottom to top (each imports only those below it; the layering
 test names the few exceptions):

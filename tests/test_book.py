@@ -457,7 +457,14 @@ def test_time_shares_classify_stacks() -> None:
     # A lens readout inside a forward hook is the readout, not the forward around it.
     assert classify(inner_first((nn, "_call_impl"), (f"{pkg}/lens/base.py", "readout"), (f"{pkg}/engine/capture.py", "grab"), *forward)) == "lens readout"
     assert classify(inner_first((f"{pkg}/lens/trajectories.py", "decode_residuals"))) == "lens readout"
+    assert classify(inner_first((f"{pkg}/lens/decode.py", "_decode_chunk"), (f"{pkg}/lens/trajectories.py", "_read_batches"))) == "lens readout"
     assert classify(inner_first(*forward, (f"{pkg}/lens/training.py", "train_tuned_lens"))) == "lens training"
+    # Training split over modules is training in each of them, wherever it is called from.
+    for module, function in (("training_steps", "kl_gradients"), ("training_metrics", "heldout_metrics")):
+        assert classify(inner_first((nn, "_call_impl"), (f"{pkg}/lens/base.py", "readout"), (f"{pkg}/lens/{module}.py", function))) == "lens training"
+    # Tokenising prompts is not a readout (the tokenizer counts as the model's library).
+    assert classify(inner_first(("/v/transformers/tokenization_utils_base.py", "__call__"), (f"{pkg}/lens/prompts.py", "encode"),
+                                (f"{pkg}/lens/compare.py", "compare_lenses"))) == "model forward"  # fmt: skip
     assert classify(inner_first(("/v/pandas/frame.py", "merge"), (f"{pkg}/analyses/summaries.py", "onset_layers"))) == "other"
     assert classify(inner_first(("/v/altair/api.py", "to_dict"))) == "other"
     assert classify(inner_first((f"{pkg}/lens/base.py", "<module>"), ("<frozen importlib._bootstrap>", "_load"))) == "other"

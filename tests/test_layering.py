@@ -158,3 +158,47 @@ def test_capture_is_the_only_module_running_hooks():
     # The exercises are the exception: writing a hook is what the patching exercise teaches.
     users = sorted(_module_name(p) for p in PKG.rglob("*.py") if "run_with_hooks" in p.read_text())
     assert [u for u in users if not u.startswith("depthkit.exercises.")] == ["depthkit.engine.capture"], users
+
+
+def test_old_import_paths_still_work_and_say_where_the_module_went():
+    import importlib
+    import subprocess
+    import sys
+
+    from depthkit import _moved
+
+    for old, new in _moved.MOVED.items():
+        assert importlib.util.find_spec(f"depthkit.{new}") is not None, f"depthkit.{old} points at a missing depthkit.{new}"
+        assert not (PKG / f"{old}.py").exists(), f"depthkit/{old}.py exists again; drop the alias for it"
+    # A fresh interpreter, so the warning is not swallowed by an earlier import.
+    code = (
+        "import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
+        "import depthkit, depthkit.lens.store as new\n"
+        "try:\n    import depthkit.lens_store\nexcept DeprecationWarning as w:\n    print('warned:', w)\n"
+        "warnings.simplefilter('ignore', DeprecationWarning)\n"
+        "import depthkit.lens_store as old\nfrom depthkit import metrics\n"
+        "print(old is new, metrics.__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "warned: depthkit.lens_store moved to depthkit.lens.store" in out, out
+    assert "True depthkit.analyses.summaries" in out, out
+
+
+def test_depthkit_itself_uses_no_old_import_path():
+    from depthkit import _moved
+
+    old = {f"depthkit.{name}" for name in _moved.MOVED}
+    graph = import_graph()
+    # import_graph resolves a missing module to its package, so look at the source too.
+    offenders = []
+    for path in sorted(PKG.rglob("*.py")):
+        if path.name == "_moved.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            offenders += [f"{path.relative_to(PKG)}: {n}" for n in names if n in old]
+    assert graph and not offenders, offenders

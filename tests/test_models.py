@@ -147,10 +147,10 @@ def test_embedded_model_loads_from_its_converted_copy_and_rebuilds_a_broken_one(
     import copy
     import warnings
 
-    from depthkit.engine import models
+    from depthkit.engine import converted
 
     monkeypatch.setenv("DEPTHKIT_CACHE", str(tmp_path))
-    real, parsed, calls = models._load_gguf, [], []
+    real, parsed, calls = converted._load_gguf, [], []
 
     def gguf_once(name):
         # Parsing the GGUF file takes ~30 s here; the rebuild below reuses the first parse.
@@ -160,14 +160,14 @@ def test_embedded_model_loads_from_its_converted_copy_and_rebuilds_a_broken_one(
         model, tok = parsed[0]
         return copy.deepcopy(model), tok
 
-    monkeypatch.setattr(models, "_load_gguf", gguf_once)
+    monkeypatch.setattr(converted, "_load_gguf", gguf_once)
     text = "The capital of France is Paris.\n\nQuestion: 2+2?\nAnswer:"
     stale = tmp_path / "models" / "smollm2-135m-000000000000"  # from an older transformers, say
     stale.mkdir(parents=True)
     (stale / "model.safetensors").write_bytes(b"old")
     first = dk.load_model("smollm2-135m")
-    folder = models.converted_dir("smollm2-135m")
-    assert calls == ["smollm2-135m"] and (folder / models._COMPLETE).is_file()
+    folder = converted.converted_dir("smollm2-135m")
+    assert calls == ["smollm2-135m"] and (folder / converted._COMPLETE).is_file()
     assert folder.parent == tmp_path / "models" and not list(folder.parent.glob(".*.tmp"))
     assert not stale.exists()  # only the copy that can still be read is kept
 
@@ -195,7 +195,7 @@ def test_embedded_model_loads_from_its_converted_copy_and_rebuilds_a_broken_one(
 def test_a_copy_that_cannot_be_written_leaves_nothing_behind(tmp_path, monkeypatch, tiny_llama):
     import safetensors.torch
 
-    from depthkit.engine import models
+    from depthkit.engine import converted
 
     def full_disk(*a, **k):
         raise OSError(28, "No space left on device")
@@ -203,5 +203,5 @@ def test_a_copy_that_cannot_be_written_leaves_nothing_behind(tmp_path, monkeypat
     monkeypatch.setattr(safetensors.torch, "save_model", full_disk)
     target = tmp_path / "models" / "copy"
     with pytest.warns(UserWarning, match="Could not keep a converted copy.*No space left"):
-        models._save_converted(tiny_llama.bridge.original_model, tiny_llama.tokenizer, target)
+        converted._save_converted(tiny_llama.bridge.original_model, tiny_llama.tokenizer, target)
     assert not target.exists() and not list(target.parent.iterdir())

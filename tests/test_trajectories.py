@@ -266,9 +266,8 @@ def test_a_reused_workspace_leaves_earlier_results_alone(tiny_llama):
 def test_statistics_taken_in_cache_sized_blocks_equal_one_pass(tiny_llama, monkeypatch):
     """Top-k, ranks, entropy and KL come out the same whatever the block of rows
     their passes work on (one row, some rows, the whole chunk)."""
-    import importlib
+    from depthkit.lens import decode as lens_decode  # where decode_residuals reads the block size
 
-    tr = importlib.import_module("depthkit.lens.trajectories")  # the module, not dk.trajectories the function
     items = dk.make_items(tiny_llama, PROMPTS, positions="all")
     resid = collect_residuals(tiny_llama, items)
     plan = layer_plan(tiny_llama.cfg.n_layers)
@@ -276,7 +275,7 @@ def test_statistics_taken_in_cache_sized_blocks_equal_one_pass(tiny_llama, monke
     lens = LogitLens(tiny_llama)
     runs = []
     for rows in (1, 3, 10**6):
-        monkeypatch.setattr(tr, "STAT_BLOCK_BYTES", rows * lens.d_vocab * 4)
+        monkeypatch.setattr(lens_decode, "STAT_BLOCK_BYTES", rows * lens.d_vocab * 4)
         runs.append(decode_residuals(lens, plan, resid, extra, top_k=4))
     for other in runs[1:]:
         for name in ("top_ids", "target_rank", "final_top1"):

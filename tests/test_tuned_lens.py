@@ -405,7 +405,7 @@ def test_budget_fields_from_text_and_a_lens_from_its_file(model, tmp_path):
 
 @pytest.mark.parametrize("softcap", [0.0, 7.0])
 def test_kl_gradient_by_hand_matches_autograd(model, softcap):
-    from depthkit.lens.training import kl_gradient_
+    from depthkit.lens.training_steps import kl_gradient_
 
     readout = Readout(model, torch.float32)
     readout.softcap = softcap
@@ -428,13 +428,13 @@ def test_training_gradients_match_autograd_through_the_lens(model, monkeypatch, 
     """The hand-written gradient of one training step, with all layers in one
     unembedding product (default budget) or one layer per product (tiny budget),
     against autograd through the lens's own readout and log-softmax."""
-    from depthkit.lens import training as lens_training
+    from depthkit.lens import training_metrics, training_steps
 
     if budget_mb is not None:
-        monkeypatch.setattr(lens_training, "LOGIT_BUDGET_MB", budget_mb)
+        monkeypatch.setattr(training_metrics, "LOGIT_BUDGET_MB", budget_mb)
     L, d, n = model.cfg.n_layers, model.cfg.d_model, 11
     want_groups = 1 if budget_mb is None else L
-    assert len(lens_training.layer_groups(L, n, model.cfg.d_vocab)) == want_groups
+    assert len(training_metrics.layer_groups(L, n, model.cfg.d_vocab)) == want_groups
     g = torch.Generator().manual_seed(0)
     lens = TunedLens(model)
     with torch.no_grad():
@@ -447,7 +447,7 @@ def test_training_gradients_match_autograd_through_the_lens(model, monkeypatch, 
     mu, sigma = torch.randn(L, d, generator=g), torch.rand(L, d, generator=g) + 0.5
     dA = (torch.randn(L, d, d, generator=g) * 0.02).requires_grad_()
     db = (torch.randn(L, d, generator=g) * 0.02).requires_grad_()
-    gA, gb, total = lens_training.kl_gradients(lens, Readout(model, torch.float32), resid, idx, w, (mu, sigma), (dA, db))
+    gA, gb, total = training_steps.kl_gradients(lens, Readout(model, torch.float32), resid, idx, w, (mu, sigma), (dA, db))
 
     p = torch.softmax(lens.readout(resid[-1, idx]), -1).detach()
     loss = torch.zeros(())

@@ -75,6 +75,21 @@ def _choice_frame(traj: Trajectories, options: Sequence[str]) -> pd.DataFrame:
     return pd.DataFrame({"choice": wide.to_numpy().argmax(1)}, index=wide.index).reset_index()
 
 
+def _gold_choice(traj: Trajectories, gold: str, options: Sequence[str]) -> pd.Series:
+    """Per (item, position), the index in ``options`` of the option whose token is the
+    gold one (``gold_choice``)."""
+    opt_ids = traj.targets[traj.targets["target"].isin(options)].pivot_table(
+        index=["item", "position"], columns="target", values="token_id", aggfunc="first"
+    )[list(options)]
+    gold_ids = traj.target(gold).drop_duplicates(["item", "position"]).set_index(["item", "position"])["token_id"]
+    hits = [np.flatnonzero(opt_ids.loc[k].to_numpy() == gold_ids.loc[k]) for k in opt_ids.index]
+    missing = [k for k, h in zip(opt_ids.index, hits) if len(h) == 0]
+    if missing:
+        raise ValueError(f"The gold token is not among the option tokens for (item, position) {missing[:5]}; "
+                         "give a gold target that is one of the options.")
+    return pd.Series([int(h[0]) for h in hits], index=opt_ids.index, name="gold_choice")
+
+
 def early_exit_table(
     traj: Trajectories,
     *,
@@ -113,17 +128,7 @@ def early_exit_table(
         df = df.merge(ch, on=keys)
         df["choice_agree"] = df["choice"] == df["final_choice"]
         if gold is not None:
-            opt_ids = traj.targets[traj.targets["target"].isin(options)].pivot_table(
-                index=["item", "position"], columns="target", values="token_id", aggfunc="first"
-            )[list(options)]
-            gold_ids = traj.target(gold).drop_duplicates(["item", "position"]).set_index(["item", "position"])["token_id"]
-            hits = [np.flatnonzero(opt_ids.loc[k].to_numpy() == gold_ids.loc[k]) for k in opt_ids.index]
-            missing = [k for k, h in zip(opt_ids.index, hits) if len(h) == 0]
-            if missing:
-                raise ValueError(f"The gold token is not among the option tokens for (item, position) {missing[:5]}; "
-                                 "give a gold target that is one of the options.")
-            gold_idx = pd.Series([int(h[0]) for h in hits], index=opt_ids.index, name="gold_choice")
-            df = df.merge(gold_idx.reset_index(), on=["item", "position"])
+            df = df.merge(_gold_choice(traj, gold, options).reset_index(), on=["item", "position"])
             df["choice_correct"] = df["choice"] == df["gold_choice"]
     agg = {"agreement": ("agree", "mean"), "n": ("agree", "size")}
     if gold is not None:

@@ -137,6 +137,45 @@ def _write_parquet_atomic(df: pd.DataFrame, path: Path) -> None:
         df.to_parquet(tmp, index=False)
 
 
+def _dataset_path(nlp, passages: list[str], params: dict) -> Path:
+    """Where the dataset of ``params`` is cached: keyed by every parameter, the spaCy
+    model and the passages themselves."""
+    params = {
+        **params,
+        "spacy": f"{nlp.meta.get('lang')}_{nlp.meta.get('name')}-{nlp.meta.get('version')}",
+        "passages": _fingerprint(passages),
+    }
+    key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir("pos", f"pos-{key}.parquet")
+
+
+def _sample_examples(
+    passages: list[str], nlp, tags: list[str], n_per_tag: int, *, seed: int, min_prefix_words: int, max_prompt_chars: int,
+    progress: bool,
+) -> pd.DataFrame:  # fmt: skip
+    """The examples of :func:`pos_dataset`, drawn passage by passage in shuffled order."""
+    first_index: dict[str, int] = {}
+    for i, p in enumerate(passages):
+        if p.strip():
+            first_index.setdefault(p, i)
+    unique_ids = sorted(first_index.values())
+    order = np.random.default_rng(seed).permutation(unique_ids).tolist()
+    rows: dict[str, list[dict]] = {t: [] for t in tags}
+    bar = tqdm(total=n_per_tag * len(tags), desc="tagging passages", unit="example", disable=not progress, leave=False)
+    docs = nlp.pipe((passages[i] for i in order), batch_size=64)
+    for pid, doc in zip(order, docs):
+        for ex in first_tag_examples(doc, tags, min_prefix_words=min_prefix_words, max_prompt_chars=max_prompt_chars):
+            if len(rows[ex["tag"]]) < n_per_tag:
+                rows[ex["tag"]].append({**ex, "passage_id": pid})
+                bar.update(1)
+        if all(len(r) >= n_per_tag for r in rows.values()):
+            break
+    bar.close()
+    df = pd.DataFrame([r for t in tags for r in rows[t]], columns=[c for c in COLUMNS if c != "word_class"])
+    df.insert(1, "word_class", df["tag"].map(word_class))
+    return df.astype({"passage_id": np.int64, "char_start": np.int64})
+
+
 def pos_dataset(
     n_per_tag: int = 200,
     tags: Sequence[str] = TAGS,
@@ -178,34 +217,12 @@ def pos_dataset(
         "seed": int(seed),
         "min_prefix_words": int(min_prefix_words),
         "max_prompt_chars": int(max_prompt_chars),
-        "spacy": f"{nlp.meta.get('lang')}_{nlp.meta.get('name')}-{nlp.meta.get('version')}",
-        "passages": _fingerprint(passages),
     }
-    key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16]
-    path = cache_dir("pos", f"pos-{key}.parquet")
+    path = _dataset_path(nlp, passages, params)
     if cache and path.is_file():
         return pd.read_parquet(path)
-
-    first_index: dict[str, int] = {}
-    for i, p in enumerate(passages):
-        if p.strip():
-            first_index.setdefault(p, i)
-    unique_ids = sorted(first_index.values())
-    order = np.random.default_rng(seed).permutation(unique_ids).tolist()
-    rows: dict[str, list[dict]] = {t: [] for t in tags}
-    bar = tqdm(total=n_per_tag * len(tags), desc="tagging passages", unit="example", disable=not progress, leave=False)
-    docs = nlp.pipe((passages[i] for i in order), batch_size=64)
-    for pid, doc in zip(order, docs):
-        for ex in first_tag_examples(doc, tags, min_prefix_words=min_prefix_words, max_prompt_chars=max_prompt_chars):
-            if len(rows[ex["tag"]]) < n_per_tag:
-                rows[ex["tag"]].append({**ex, "passage_id": pid})
-                bar.update(1)
-        if all(len(r) >= n_per_tag for r in rows.values()):
-            break
-    bar.close()
-    df = pd.DataFrame([r for t in tags for r in rows[t]], columns=[c for c in COLUMNS if c != "word_class"])
-    df.insert(1, "word_class", df["tag"].map(word_class))
-    df = df.astype({"passage_id": np.int64, "char_start": np.int64})
+    df = _sample_examples(passages, nlp, tags, n_per_tag, seed=seed, min_prefix_words=min_prefix_words,
+                          max_prompt_chars=max_prompt_chars, progress=progress)  # fmt: skip
     if cache:
         _write_parquet_atomic(df, path)
     return df

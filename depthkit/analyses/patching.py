@@ -106,6 +106,57 @@ def _option_sets(options: Sequence[int] | Sequence[Sequence[int]], n: int, what:
 
 
 @torch.no_grad()
+def _clean_runs(
+    model: Model, src_ids: list[list[int]], tgt_ids: list[list[int]], depths: list[int], n_blocks: int, readout, *, batch_size: int
+) -> tuple[Tensor, np.ndarray, np.ndarray, np.ndarray]:
+    """Unpatched residuals at ``depths`` (last position) of every distinct prompt,
+    ``[depth, prompt]``, the row of each source in them, and the model's own output
+    token (read at layer ``n_blocks``) of each source and each target."""
+    # One clean run per distinct prompt (the control's sources are its targets too).
+    distinct = {tuple(ids): k for k, ids in enumerate(dict.fromkeys(tuple(i) for i in src_ids + tgt_ids))}
+    clean = residual_rows(model, [Item(list(ids), [len(ids) - 1]) for ids in distinct], depths, batch_size=batch_size, share_prefix=True)
+    src_row = np.array([distinct[tuple(i)] for i in src_ids])
+    tgt_row = np.array([distinct[tuple(i)] for i in tgt_ids])
+    out_ids = readout(clean[depths.index(n_blocks)]).argmax(-1).cpu().numpy()
+    return clean, src_row, out_ids[src_row], out_ids[tgt_row]
+
+
+@torch.no_grad()
+def _read_patched(
+    readout, h: Tensor, pair_idx: np.ndarray, t_opts: list[list[int]], s_opts: list[list[int]]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per patched row: the output token, its probability, and the probability mass
+    on the target's and on the source's options."""
+    out_id, out_p = np.empty(len(h), dtype=np.int64), np.empty(len(h))
+    p_t, p_s = np.empty(len(h)), np.empty(len(h))
+    for s in range(0, len(h), 64):  # vocabulary-sized rows a block at a time (Gemma: 262k entries each)
+        probs = torch.softmax(readout(h[s : s + 64]), -1).cpu()
+        top = probs.max(-1)
+        out_id[s : s + 64], out_p[s : s + 64] = top.indices.numpy(), top.values.numpy()
+        for r in range(s, s + len(probs)):
+            p_t[r] = probs[r - s, t_opts[pair_idx[r]]].sum().item()
+            p_s[r] = probs[r - s, s_opts[pair_idx[r]]].sum().item()
+    return out_id, out_p, p_t, p_s
+
+
+def _classify(
+    out_id: np.ndarray, pair_idx: np.ndarray, t_opts: list[list[int]], s_opts: list[list[int]], tgt_out: np.ndarray, src_out: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The ``class`` and ``follows`` columns of :func:`patching_sweep`."""
+    cls = np.array(
+        [
+            "target-option" if o in t_opts[p] else "source-option" if o in s_opts[p] else "other"
+            for o, p in zip(out_id.tolist(), pair_idx.tolist())
+        ],
+        dtype=object,
+    )
+    same_t = out_id == tgt_out[pair_idx]
+    same_s = out_id == src_out[pair_idx]
+    follows = np.where(same_t & same_s, "both", np.where(same_t, "target", np.where(same_s, "source", "neither")))
+    return cls, follows
+
+
+@torch.no_grad()
 def patching_sweep(
     model: Model,
     sources: Sequence[TokensLike],
@@ -144,37 +195,13 @@ def patching_sweep(
     readout = LogitLens(model).readout
 
     depths = sorted(set(layers) | {n_blocks})
-    # One clean run per distinct prompt (the control's sources are its targets too).
-    distinct = {tuple(ids): k for k, ids in enumerate(dict.fromkeys(tuple(i) for i in src_ids + tgt_ids))}
-    clean = residual_rows(model, [Item(list(ids), [len(ids) - 1]) for ids in distinct], depths, batch_size=batch_size, share_prefix=True)
-    src_row = np.array([distinct[tuple(i)] for i in src_ids])
-    tgt_row = np.array([distinct[tuple(i)] for i in tgt_ids])
-    out_ids = readout(clean[depths.index(n_blocks)]).argmax(-1).cpu().numpy()
-    src_out, tgt_out = out_ids[src_row], out_ids[tgt_row]
-
+    clean, src_row, src_out, tgt_out = _clean_runs(model, src_ids, tgt_ids, depths, n_blocks, readout, batch_size=batch_size)
     pair_idx = np.repeat(np.arange(n), len(layers))
     layer_col = np.tile(np.array(layers), n)
     vectors = clean[[depths.index(l) for l in layer_col], src_row[pair_idx]]
     h = patched_final_residuals(model, [tgt_ids[p] for p in pair_idx], layer_col.tolist(), vectors, progress=progress)
-    out_id, out_p = np.empty(len(h), dtype=np.int64), np.empty(len(h))
-    p_t, p_s = np.empty(len(h)), np.empty(len(h))
-    for s in range(0, len(h), 64):  # vocabulary-sized rows a block at a time (Gemma: 262k entries each)
-        probs = torch.softmax(readout(h[s : s + 64]), -1).cpu()
-        top = probs.max(-1)
-        out_id[s : s + 64], out_p[s : s + 64] = top.indices.numpy(), top.values.numpy()
-        for r in range(s, s + len(probs)):
-            p_t[r] = probs[r - s, t_opts[pair_idx[r]]].sum().item()
-            p_s[r] = probs[r - s, s_opts[pair_idx[r]]].sum().item()
-    cls = np.array(
-        [
-            "target-option" if o in t_opts[p] else "source-option" if o in s_opts[p] else "other"
-            for o, p in zip(out_id.tolist(), pair_idx.tolist())
-        ],
-        dtype=object,
-    )
-    same_t = out_id == tgt_out[pair_idx]
-    same_s = out_id == src_out[pair_idx]
-    follows = np.where(same_t & same_s, "both", np.where(same_t, "target", np.where(same_s, "source", "neither")))
+    out_id, out_p, p_t, p_s = _read_patched(readout, h, pair_idx, t_opts, s_opts)
+    cls, follows = _classify(out_id, pair_idx, t_opts, s_opts, tgt_out, src_out)
     return pd.DataFrame(
         {
             "pair": pair_idx.astype(np.int64),

@@ -268,6 +268,13 @@ def skip_block_effects(
             bar.update(len(batch))
         n_pos += base.shape[1]
     bar.close()
+    return _skip_frames(blocks, n_blocks, change_sum, kl_sum, agree_sum, n_pos)
+
+
+def _skip_frames(
+    blocks: list[int], n_blocks: int, change_sum: Tensor, kl_sum: Tensor, agree_sum: Tensor, n_pos: int
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(later, output)`` of :func:`skip_block_effects` from its sums over positions."""
     rows = [
         {"skipped": b, "layer": l, "rel_change": float(change_sum[j, l] / n_pos)}
         for j, b in enumerate(blocks)

@@ -37,26 +37,9 @@ def _identity(repo: Path, key: str, env: str) -> str:
     return os.environ.get(env) or _git(repo, "config", key).stdout.strip()
 
 
-def publish_book(
-    html_dir: Path,
-    remote: str = "origin",
-    branch: str = "gh-pages",
-    message: str | None = None,
-    repo: Path = ROOT,
-    push: bool = True,
-) -> str:
-    """Commit the contents of ``html_dir`` (plus ``.nojekyll``) as the new tree of
-    ``branch`` in ``repo`` and, if ``push``, push it to ``remote``. Returns the
-    commit sha of the published branch. Raises :class:`BookError` on bad input."""
-    try:
-        import ghp_import
-    except ImportError:
-        raise BookError("ghp-import is not installed: run `bash scripts/install.sh` (or pip install ghp-import).") from None
-
-    html_dir = Path(html_dir).resolve()
-    if not (html_dir / "index.html").is_file():
-        state = "has no index.html" if html_dir.is_dir() else "does not exist"
-        raise BookError(f"{html_dir} {state}: build the book first (run `depthkit book`).")
+def _publishing_repo(repo: Path, remote: str, branch: str, push: bool) -> Path:
+    """The top folder of the git repository holding ``repo``, once git, the branch
+    name, the remote (when pushing) and the committer's identity are checked."""
     if shutil.which("git") is None:
         raise BookError("git is not installed; install it (e.g. apt-get install git) to publish.")
     top = _git(Path(repo), "rev-parse", "--show-toplevel")
@@ -80,6 +63,30 @@ def publish_book(
     for key, env in (("user.name", "GIT_COMMITTER_NAME"), ("user.email", "GIT_COMMITTER_EMAIL")):
         if not _identity(repo, key, env):
             raise BookError(f"git has no {key}: set it with `git config {key} ...` (or ${env}).")
+    return repo
+
+
+def publish_book(
+    html_dir: Path,
+    remote: str = "origin",
+    branch: str = "gh-pages",
+    message: str | None = None,
+    repo: Path = ROOT,
+    push: bool = True,
+) -> str:
+    """Commit the contents of ``html_dir`` (plus ``.nojekyll``) as the new tree of
+    ``branch`` in ``repo`` and, if ``push``, push it to ``remote``. Returns the
+    commit sha of the published branch. Raises :class:`BookError` on bad input."""
+    try:
+        import ghp_import
+    except ImportError:
+        raise BookError("ghp-import is not installed: run `bash scripts/install.sh` (or pip install ghp-import).") from None
+
+    html_dir = Path(html_dir).resolve()
+    if not (html_dir / "index.html").is_file():
+        state = "has no index.html" if html_dir.is_dir() else "does not exist"
+        raise BookError(f"{html_dir} {state}: build the book first (run `depthkit book`).")
+    repo = _publishing_repo(repo, remote, branch, push)
     if message is None:
         head = _git(repo, "rev-parse", "--short", "-q", "--verify", "HEAD").stdout.strip()
         message = f"Publish the book built from {head}" if head else "Publish the book"

@@ -11,77 +11,43 @@ unchanged chapter is not executed again. papermill writes into
 place, so an interrupted run never leaves a notebook that looks complete.
 The stamp does not cover caches outside the repository (a retrained tuned lens,
 frequency tables): after changing those, rebuild with ``--force``.
+
+Executing one chapter is :mod:`~depthkit.book.execute` (in a kernel set up by
+:mod:`~depthkit.book.kernel`); this module checks the parameters, runs the chapters
+in turn and builds the HTML, and keeps every name where the command line and the
+tests import it from.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import re
-import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import yaml
 
-from depthkit import plots, verdicts
+from depthkit import verdicts
 from depthkit.book import pages as book_pages
-from depthkit.book import reference, tether, time_shares
+from depthkit.book import reference
+from depthkit.book.execute import WIDGET_NOTE as WIDGET_NOTE
+from depthkit.book.execute import ChapterFailed as ChapterFailed
+from depthkit.book.execute import ChapterLike, ChapterResult, execute_chapter
+from depthkit.book.execute import clean_executed as clean_executed
+from depthkit.book.kernel import KERNEL_NAME as KERNEL_NAME
+from depthkit.book.kernel import _kernel_of_this_interpreter as _kernel_of_this_interpreter
 from depthkit.book.site import ROOT, BookError, build_html, prepare_static, write_build_toc
-from depthkit.book.stamps import (
-    fingerprint_of,
-    is_current,
-    output_paths,
-    read_stamp,
-    results_digest,
-    run_hash,
-)
-from depthkit.core.files import atomic_write
+from depthkit.book.stamps import fingerprint_of as fingerprint_of
+from depthkit.book.stamps import is_current as is_current
+from depthkit.book.stamps import output_paths, read_stamp
+from depthkit.book.stamps import results_digest as results_digest
+from depthkit.book.stamps import run_hash as run_hash
 
 __all__ = ["ROOT", "BookError", "build_book", "chapter_params", "execute_chapter", "run_chapter"]
 
-KERNEL_NAME = "depthkit-python"
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-# tqdm's notebook bars are widgets whose saved text is the bar as first drawn
-# ("  0%|   | 0/3"): without the widget's live updates it would mislead.
-_PROGRESS_BAR = re.compile(r"^[^|]*\d+%\|")
-WIDGET_NOTE = "Interactive widget: open this chapter's notebook in JupyterLab to use it."
-
 Echo = Callable[[str], None]
-
-
-class ChapterLike(Protocol):
-    id: str
-    slug: str
-    title: str
-    smoke: dict[str, Any]
-
-    @property
-    def notebook(self) -> Path: ...
-
-
-class ChapterFailed(BookError):
-    """A chapter notebook raised. Carries the failing cell's error, not its traceback."""
-
-    def __init__(self, chapter: ChapterLike, ename: str, evalue: str, partial: Path, cell: int | None = None):
-        self.chapter, self.ename, self.evalue, self.partial, self.cell = chapter, ename, evalue, partial, cell
-        where = f" in cell [{cell}]" if cell is not None else ""
-        super().__init__(
-            f"Chapter {chapter.id} ({chapter.title}) failed{where}: {ename}: {evalue}\n"
-            f"Partially executed notebook: {partial}"
-        )
-
-
-@dataclass(frozen=True)
-class ChapterResult:
-    chapter: ChapterLike
-    status: str  # "ran" or "unchanged"
-    notebook: Path
-    elapsed_s: float
+Planned = list[tuple[ChapterLike, dict[str, Any]]]
 
 
 # --------------------------------------------------------------------------- parameters
@@ -140,177 +106,6 @@ def chapter_params(
     return params
 
 
-# --------------------------------------------------------------------------- execution
-
-
-@contextlib.contextmanager
-def _kernel_of_this_interpreter(work_dir: Path, peak_file: Path | None = None, shares_file: Path | None = None) -> Iterator[str]:
-    """Register, for the duration of the block, a kernelspec that starts
-    ``sys.executable``: papermill then runs chapters in this very environment
-    whatever kernels the user has installed. The kernel runs under
-    depthkit/tether.py, so it stops when the runner does, however the runner is
-    stopped; with ``peak_file`` the tether writes the kernel's peak resident memory
-    and CPU time there when it exits; with ``shares_file`` depthkit/time_shares.py
-    writes there where the kernel's time went."""
-    spec_dir = Path(work_dir) / "jupyter" / "kernels" / KERNEL_NAME
-    spec_dir.mkdir(parents=True, exist_ok=True)
-    launch = [str(time_shares.SCRIPT), "--out", str(shares_file), "ipykernel_launcher"] if shares_file else ["-m", "ipykernel_launcher"]
-    spec = {
-        # The kernel's own log (e.g. a notice about TCP transport) is noise in a build.
-        "argv": [
-            sys.executable, str(tether.SCRIPT), *(["--usage", str(peak_file)] if peak_file else []), "--",
-            sys.executable, *launch, "-f", "{connection_file}", "--IPKernelApp.log_level=ERROR",
-        ],  # fmt: skip
-        "display_name": "Python (depthkit)",
-        "language": "python",
-        "env": {"PYDEVD_DISABLE_FILE_VALIDATION": "1"},
-    }
-    atomic_write(spec_dir / "kernel.json", json.dumps(spec, indent=1))
-    old = os.environ.get("JUPYTER_PATH")
-    os.environ["JUPYTER_PATH"] = os.pathsep.join([str(Path(work_dir) / "jupyter"), *([old] if old else [])])
-    try:
-        yield KERNEL_NAME
-    finally:
-        if old is None:
-            os.environ.pop("JUPYTER_PATH", None)
-        else:
-            os.environ["JUPYTER_PATH"] = old
-
-
-def clean_executed(nb: Any, kernelspec: dict[str, Any] | None) -> Any:
-    """Make an executed notebook fit for the static book: drop the chart bundle
-    output (the book ships the bundle once), drop saved widget state (it would
-    pull require.js and the widget manager from a CDN), drop progress-bar
-    widgets, replace other widgets by a note saying where they work, restore
-    the source notebook's kernelspec, and keep papermill's injected-parameters cell
-    out of the rendered page (it holds this machine's paths; the run's parameters
-    are in the results manifest, and the notebook file keeps the cell)."""
-    nb.metadata.pop("widgets", None)
-    if kernelspec:
-        nb.metadata["kernelspec"] = kernelspec
-    for cell in nb.cells:
-        if cell.get("cell_type") != "code":
-            continue
-        tags = cell.setdefault("metadata", {}).setdefault("tags", [])
-        if "injected-parameters" in tags and "remove-cell" not in tags:
-            tags.append("remove-cell")
-        kept = []
-        for out in cell.get("outputs", []):
-            if out.get("metadata", {}).get(plots.BUNDLE_MARK):
-                continue
-            data = out.get("data", {})
-            if "application/vnd.jupyter.widget-view+json" in data:
-                text = data.get("text/plain", "")
-                if _PROGRESS_BAR.match("".join(text) if isinstance(text, list) else text):
-                    continue
-                out["data"] = {"text/plain": WIDGET_NOTE, "text/html": f"<p><em>{WIDGET_NOTE}</em></p>"}
-            kept.append(out)
-        cell["outputs"] = kept
-    return nb
-
-
-def execute_chapter(
-    chapter: ChapterLike,
-    params: dict[str, Any],
-    out_dir: Path,
-    force: bool = False,
-    progress: bool = False,
-    work_dir: Path | None = None,
-    fingerprint: str | None = None,
-) -> ChapterResult:
-    """Execute one chapter notebook with papermill into ``out_dir/<slug>.ipynb``
-    unless its stamp says the same notebook already ran with the same parameters,
-    code and (for a chapter that reads saved results) results. Raises
-    :class:`ChapterFailed` with the failing cell's error."""
-    import nbformat
-    import papermill
-
-    source = Path(chapter.notebook)
-    if not source.is_file():
-        raise BookError(f"Chapter {chapter.id} ({chapter.title}): notebook {source} does not exist.")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    executed, stamp_path, partial = output_paths(out_dir, chapter.slug)
-    reads_results = getattr(chapter, "reads_results", False) and params.get("results_root")
-    inputs = results_digest(Path(params["results_root"])) if reads_results else ""
-    digest = run_hash(source, params, fingerprint if fingerprint is not None else fingerprint_of(chapter), inputs)
-    if not force and is_current(out_dir, chapter.slug, digest):
-        return ChapterResult(chapter, "unchanged", executed, 0.0)
-
-    kernelspec = nbformat.read(source, as_version=4).metadata.get("kernelspec")
-    start = time.perf_counter()
-    work = Path(work_dir) if work_dir else out_dir / ".work"
-    peak_file, shares_file = work / f"{chapter.slug}.peak.json", work / f"{chapter.slug}.shares.json"
-    peak_file.unlink(missing_ok=True)
-    shares_file.unlink(missing_ok=True)
-    with _kernel_of_this_interpreter(work, peak_file, shares_file) as kernel:
-        try:
-            papermill.execute_notebook(
-                str(source),
-                str(partial),
-                parameters=params,
-                kernel_name=kernel,
-                progress_bar=progress,
-                cwd=str(source.parent),
-            )
-        except papermill.PapermillExecutionError as err:
-            raise ChapterFailed(chapter, err.ename, _plain(err.evalue), partial, err.exec_count) from None
-        except Exception as err:  # kernel death, timeouts, unreadable notebooks
-            raise ChapterFailed(chapter, type(err).__name__, _plain(str(err)), partial) from None
-    elapsed = time.perf_counter() - start
-
-    stamp = {
-        "chapter": chapter.id,
-        "hash": digest,
-        "params": params,
-        "elapsed_s": round(elapsed, 1),
-        **_kernel_usage(peak_file),
-        "time_s": _time_shares(shares_file),
-        **book_pages.machine(),
-        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    nb = clean_executed(nbformat.read(partial, as_version=4), kernelspec)
-    # The box is written into the executed notebook: the page keeps this run's numbers
-    # for as long as it shows this run's outputs.
-    nb = book_pages.insert_run_box(nb, book_pages.run_box(chapter, stamp))
-    atomic_write(executed, nbformat.writes(nb))
-    atomic_write(stamp_path, json.dumps(stamp, indent=1, default=str))
-    partial.unlink(missing_ok=True)
-    return ChapterResult(chapter, "ran", executed, elapsed)
-
-
-def _kernel_usage(path: Path) -> dict[str, float | None]:
-    """The kernel's peak resident memory (MB) and CPU time (s), as
-    depthkit/tether.py wrote them when the kernel exited (None where it could
-    not: a kernel killed at shutdown)."""
-    try:
-        usage = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        usage = {}
-    finally:
-        Path(path).unlink(missing_ok=True)
-    return {k: float(usage[k]) if isinstance(usage.get(k), (int, float)) else None for k in ("peak_rss_mb", "cpu_s")}
-
-
-def _time_shares(path: Path) -> dict[str, float] | None:
-    """Seconds of the kernel's busy time per category (depthkit/time_shares.py), or
-    None where the sampler wrote nothing."""
-    try:
-        seconds = json.loads(Path(path).read_text(encoding="utf-8"))["seconds"]
-        return {k: float(seconds[k]) for k in time_shares.CATEGORIES}
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    finally:
-        Path(path).unlink(missing_ok=True)
-
-
-def _plain(text: str) -> str:
-    """First lines of an error message, without terminal colour codes."""
-    lines = _ANSI.sub("", text or "").strip().splitlines()
-    short = "\n".join(lines[:5])
-    return short + (" ..." if len(lines) > 5 else "")
-
-
 # --------------------------------------------------------------------------- the book
 
 
@@ -347,16 +142,30 @@ def build_book(
         mode = "smoke parameters" if smoke else "full parameters"
         echo(f"depthkit book: model {model}, {len(chapters)} chapter(s), {mode}; results in {results_root}")
     else:
-        echo(f"depthkit book: HTML from the executed chapters in {out_dir} (none re-run but those reading saved results)")
-        kept = []
-        for c, p in planned:
-            if output_paths(out_dir, c.slug)[0].is_file():
-                kept.append((c, p))
-            else:
-                echo(f"      {c.id} {c.title}: never executed, left out (run `depthkit run {c.id}`)")
-        planned = kept
+        planned = _executed_only(planned, out_dir, echo)
     refs = reference.find(references, [c for c, _ in planned]) if references else []
     ref_pages = reference.install(refs, out_dir, results_root, skip_model=model, echo=echo)
+    _run_chapters(planned, out_dir, build_dir, execute=execute, force=force, progress=progress, echo=echo)
+    return _build_html(root, planned, out_dir, build_dir, results_root, ref_pages, echo)
+
+
+def _executed_only(planned: Planned, out_dir: Path, echo: Echo) -> Planned:
+    """The planned chapters that have an executed notebook to build from."""
+    echo(f"depthkit book: HTML from the executed chapters in {out_dir} (none re-run but those reading saved results)")
+    kept = []
+    for c, p in planned:
+        if output_paths(out_dir, c.slug)[0].is_file():
+            kept.append((c, p))
+        else:
+            echo(f"      {c.id} {c.title}: never executed, left out (run `depthkit run {c.id}`)")
+    return kept
+
+
+def _run_chapters(
+    planned: Planned, out_dir: Path, build_dir: Path, *, execute: bool, force: bool, progress: bool, echo: Echo
+) -> None:
+    """Execute the planned chapters in turn; without ``execute``, only those reading
+    saved results, each with the parameters it last ran with."""
     for i, (chapter, params) in enumerate(planned, 1):
         if not execute and not getattr(chapter, "reads_results", False):
             continue
@@ -373,6 +182,12 @@ def build_book(
         else:
             echo(f"      done in {book_pages.duration(result.elapsed_s)}")
 
+
+def _build_html(
+    root: Path, planned: Planned, out_dir: Path, build_dir: Path, results_root: Path, ref_pages: dict[str, list[str]], echo: Echo
+) -> Path:
+    """The pages the runner writes (exercises, run table, findings), then the HTML
+    book with Jupyter Book; returns the path of index.html."""
     echo("Building the HTML with Jupyter Book ...")
     start = time.perf_counter()
     prepare_static(build_dir / "depthkit_static")

@@ -38,8 +38,10 @@ _PACKAGE = f"{os.sep}depthkit{os.sep}"
 # Libraries whose frames, inside depthkit's innermost frame, mean the model is running.
 _MODEL_LIBS = tuple(f"{os.sep}{p}{os.sep}" for p in ("transformer_lens", "transformers", os.path.join("torch", "nn")))
 # The lens package reads residuals out, except where it trains a lens, caches
-# training residuals (a model forward) or runs the model for trajectories.
-_NOT_READOUT = {"lens.training", "lens.training_data", "lens.trajectories"}
+# training residuals (a model forward), runs the model for trajectories or turns
+# their prompts into token ids.
+_TRAINING = {"lens.training", "lens.training_steps", "lens.training_metrics"}
+_NOT_READOUT = _TRAINING | {"lens.training_data", "lens.trajectories", "lens.prompts"}
 _READOUT_FUNCTIONS = {"decode_residuals"}
 
 
@@ -68,7 +70,7 @@ def classify(stack: Sequence[tuple[str, str]]) -> str | None:
     modules = [(_module(f), fn) for f, fn in stack]
     inside = [(m, fn) for m, fn in modules if m is not None]
     names = {m for m, _ in inside}
-    if "lens.training" in names:
+    if names & _TRAINING:
         return "lens training"
     if any(m == "stats" or m.startswith("stats.") for m in names):
         return "statistics"

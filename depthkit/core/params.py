@@ -262,6 +262,13 @@ def check_params(values: Mapping[str, Any], /, *, chapter: str | Param | None = 
     type or range, a missing required parameter, and a name not in ``spec`` (a typo).
     ``chapter`` (e.g. "01") is only used to write the re-run command in messages; a
     parameter that is itself called "chapter" is declared by passing a Param.
+
+    >>> import depthkit as dk
+    >>> dk.check_params({"n": 12, "ks": (1, 10)}, chapter="01", n=dk.Param(int, min=1), ks=dk.Param(list, item=int))
+    {'n': 12, 'ks': [1, 10]}
+    >>> dk.check_params({"n": 0}, chapter="01", n=dk.Param(int, min=1))
+    Traceback (most recent call last):
+    depthkit.core.params.ParameterError: n must be an integer >= 1, got 0 (int). Re-run with a valid value, e.g. `depthkit run 01 -p n=1`.
     """
     if isinstance(chapter, Param):
         spec = {"chapter": chapter, **spec}

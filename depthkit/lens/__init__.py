@@ -9,10 +9,14 @@ kinds are one file each in :mod:`depthkit.lens.kinds`.
 The modules, bottom to top: :mod:`~depthkit.lens.base` (the one
 :class:`Readout`, :class:`Lens`, :class:`LogitLens`, :class:`TunedLens`, layer
 conventions), :mod:`~depthkit.lens.training_data` (configuration and budgets, text
-splits, residual caching), :mod:`~depthkit.lens.training` (ridge start, Adam,
-held-out metrics; how training is made affordable on two CPU cores),
+splits, residual caching), :mod:`~depthkit.lens.training` (ridge start and the fit; Adam steps and
+KL gradients in :mod:`~depthkit.lens.training_steps`, held-out metrics in
+:mod:`~depthkit.lens.training_metrics`; how training is made affordable on two CPU
+cores),
 :mod:`~depthkit.lens.store` (saving and checked loading),
 :mod:`~depthkit.lens.registry` and :mod:`~depthkit.lens.kinds`,
+:mod:`~depthkit.lens.prompts` (prompts to token ids and read positions),
+:mod:`~depthkit.lens.decode` (residuals to top-k tables and statistics),
 :mod:`~depthkit.lens.trajectories` (every depth of a batch of prompts read through
 a lens) and :mod:`~depthkit.lens.compare` (several lenses on the same prompts).
 """

@@ -52,6 +52,12 @@ def layer_plan(n_blocks: int, convention: Convention = "canonical") -> list[Laye
     model's own output, as in canonical. There is no embedding row. For the logit
     lens the two conventions differ only by the missing layer 0, so a quantity read
     at row j means the same depth j/L in both.
+
+    >>> from depthkit.lens.base import layer_plan
+    >>> [(s.layer, s.translator) for s in layer_plan(3)]
+    [(0, 0), (1, 1), (2, 2), (3, None)]
+    >>> [(s.layer, s.translator) for s in layer_plan(3, "authors")]
+    [(1, 0), (2, 1), (3, None)]
     """
     if convention == "canonical":
         return [LayerStep(l, l if l < n_blocks else None) for l in range(n_blocks + 1)]

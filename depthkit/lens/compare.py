@@ -11,7 +11,8 @@ from tqdm.auto import tqdm
 
 from depthkit.engine.capture import collect_residuals, length_batches
 from depthkit.lens.base import LayerStep, Lens, layer_plan
-from depthkit.lens.trajectories import decode_residuals, make_items
+from depthkit.lens.decode import _Decoded, decode_residuals
+from depthkit.lens.prompts import make_items
 
 if TYPE_CHECKING:
     from depthkit.engine.handle import Model
@@ -51,24 +52,7 @@ def compare_lenses(
         resid = collect_residuals(model, [items[i] for i in batch], needed)
         for name, lens in lenses.items():
             dec = decode_residuals(lens, local, resid, None, top_k=1)
-            n_steps, n_pos = dec.kl.shape
-            top1 = dec.top_ids[..., 0].reshape(-1).numpy()
-            final = np.tile(dec.final_top1.numpy(), n_steps)
-            frames.append(
-                pd.DataFrame(
-                    {
-                        "lens": name,
-                        "item": np.tile(np.array(batch), n_steps),
-                        "layer": np.repeat(layer_ids, n_pos),
-                        "top1_id": top1,
-                        "top1_prob": dec.top_probs[..., 0].reshape(-1).numpy(),
-                        "kl_to_final": dec.kl.reshape(-1).numpy(),
-                        "final_id": final,
-                        "agrees": top1 == final,
-                        "frequent": np.isin(top1, frequent),
-                    }
-                )
-            )
+            frames.append(_lens_frame(name, dec, batch, layer_ids, frequent))
         bar.update(len(batch))
     bar.close()
     steps = pd.concat(frames, ignore_index=True)
@@ -82,3 +66,22 @@ def compare_lenses(
     )
     return per_layer, steps
 
+
+def _lens_frame(name: str, dec: _Decoded, batch: list[int], layer_ids: np.ndarray, frequent: np.ndarray) -> pd.DataFrame:
+    """The ``steps`` rows of one lens on one batch (one position per item)."""
+    n_steps, n_pos = dec.kl.shape
+    top1 = dec.top_ids[..., 0].reshape(-1).numpy()
+    final = np.tile(dec.final_top1.numpy(), n_steps)
+    return pd.DataFrame(
+        {
+            "lens": name,
+            "item": np.tile(np.array(batch), n_steps),
+            "layer": np.repeat(layer_ids, n_pos),
+            "top1_id": top1,
+            "top1_prob": dec.top_probs[..., 0].reshape(-1).numpy(),
+            "kl_to_final": dec.kl.reshape(-1).numpy(),
+            "final_id": final,
+            "agrees": top1 == final,
+            "frequent": np.isin(top1, frequent),
+        }
+    )

@@ -17,7 +17,7 @@ What makes it affordable here:
   the target does not matter). On smollm2-135m this alone cuts the held-out KL
   by 65-96 % at every layer, but it minimises squared error, not the KL;
 * Adam steps on the KL itself (``steps``; 100 in the default budget), in
-  standardised coordinates (see :func:`_adam`). The layers' logits are stacked
+  standardised coordinates (see :func:`~depthkit.lens.training_steps.adam_steps`). The layers' logits are stacked
   into one unembedding product per group of layers that fits
   :data:`LOGIT_BUDGET_MB`, and the KL's gradient w.r.t. the logits, ``w (q - p)``,
   is formed by hand in that buffer (:func:`kl_gradient_`, tested against
@@ -25,6 +25,10 @@ What makes it affordable here:
   safe and faster (see :mod:`depthkit.engine.precision`);
 * held-out metrics with bfloat16 products too; each run records how far they are
   from float32 on a slice (``eval_dtype_check`` in the sidecar).
+
+This module holds the ridge start and the run as a whole; the Adam steps are in
+:mod:`depthkit.lens.training_steps`, the held-out metrics and the logit budget in
+:mod:`depthkit.lens.training_metrics` (their names are importable from here too).
 """
 
 from __future__ import annotations
@@ -34,17 +38,17 @@ import math
 import os
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from depthkit.data.corpus import passage_digest
 from depthkit.engine.precision import matmul_dtype
-from depthkit.lens.base import Lens, Readout, TunedLens
+from depthkit.lens.base import Readout, TunedLens
 from depthkit.lens.training_data import (
     FORMAT_VERSION,
     Downweight,
@@ -57,95 +61,13 @@ from depthkit.lens.training_data import (
     resolve_config,
     texts_digest,
 )
+from depthkit.lens.training_metrics import EVAL_CHUNK, _dtype_check_positions, _product_rows, heldout_metrics, layer_groups
+from depthkit.lens.training_steps import adam_steps, kl_gradient_, kl_gradients
 
 if TYPE_CHECKING:
     from depthkit.engine.handle import Model
 
-# ---------------------------------------------------------------------------
-# Metrics
-
-
-# Positions per chunk of the held-out metrics.
-EVAL_CHUNK = 256
-# Most float32 logits alive at once, in training and in the held-out metrics.
-# Layers are stacked into one unembedding product up to this size: on two CPU cores
-# a product of ~2,500 rows runs about a third faster than one per layer's 128.
-LOGIT_BUDGET_MB = 512.0
-
-
-def layer_groups(n_layers: int, rows: int, d_vocab: int, budget_mb: float | None = None) -> list[range]:
-    """Consecutive layers whose logits for ``rows`` positions fit ``budget_mb``
-    (default :data:`LOGIT_BUDGET_MB`) together, at least one layer a group."""
-    budget = LOGIT_BUDGET_MB if budget_mb is None else budget_mb
-    size = max(1, min(n_layers, int(budget * 2**20 // (4 * rows * d_vocab))))
-    return [range(a, min(n_layers, a + size)) for a in range(0, n_layers, size)]
-
-
-def _product_rows(n_layers: int, rows: Sequence[int], d_vocab: int) -> tuple[int, ...]:
-    """Row counts of the stacked unembedding products for chunks of ``rows`` positions
-    (what the bfloat16 probe must run)."""
-    return tuple(sorted({len(g) * r for r in rows if r > 0 for g in layer_groups(n_layers, r, d_vocab)}))
-
-
-def _dtype_check_positions(n_held: int) -> int:
-    """Positions of the float32 cross-check of bfloat16 metrics: a float32 pass costs
-    as much as several bfloat16 ones, so 16 for the smoke budget, 128 by default."""
-    return min(n_held, 128, max(16, n_held // 16))
-
-
-@torch.no_grad()
-def heldout_metrics(
-    lens: Lens,
-    resid: Float[Tensor, "depth n d_model"],
-    *,
-    chunk: int = EVAL_CHUNK,
-    dtype: torch.dtype = torch.float32,
-    variants: Sequence[str] | None = None,
-) -> pd.DataFrame:
-    """Per layer ℓ < L: mean KL(p_L ‖ q_ℓ) in nats and the share of positions whose
-    lens top-1 equals the final top-1, over the positions of ``resid`` (depths 0..L).
-    ``dtype`` is that of the unembedding product (softmax and sums are float32 or
-    wider). A :class:`TunedLens` is scored with and without its translators (rows
-    "tuned" and "logit", or those named in ``variants``); any other lens as itself."""
-    readout = Readout(lens.model, dtype)
-    n_blocks, n = resid.shape[0] - 1, resid.shape[1]
-    if variants is None:
-        variants = ["logit", "tuned"] if isinstance(lens, TunedLens) else [lens.name]
-    kl = {v: torch.zeros(n_blocks, dtype=torch.float64) for v in variants}
-    agree = {v: torch.zeros(n_blocks, dtype=torch.float64) for v in variants}
-    groups = layer_groups(n_blocks, min(chunk, n), lens.d_vocab)
-    # KL(p ‖ q) = Σ p log p - Σ p z + logsumexp(z): no log-softmax of z is formed; the
-    # logits of a group of layers live in one reused buffer, overwritten by exp(z - max).
-    buf = torch.empty(len(groups[0]) * min(chunk, n) * lens.d_vocab)
-    for s in range(0, n, chunk):
-        sl = slice(s, min(n, s + chunk))
-        zf = readout(resid[-1, sl])
-        top_final = zf.argmax(-1)
-        p_final = torch.softmax(zf, -1)
-        neg_entropy = torch.einsum("nv,nv->n", p_final, zf) - torch.logsumexp(zf, -1)
-        del zf
-        for g in groups:
-            for v in variants:
-                if v == "logit":
-                    h = resid[g.start : g.stop, sl]
-                else:
-                    h = torch.stack([lens.translate(resid[l, sl], l) for l in g])
-                z = readout(h, out=buf)  # [layer, pos, vocab]
-                top, arg = z.max(-1)
-                cross = torch.einsum("nv,gnv->gn", p_final, z)
-                lse = top + torch.log(z.sub_(top[..., None]).exp_().sum(-1))
-                kl[v][g.start : g.stop] += (neg_entropy - cross + lse).clamp_min(0).double().sum(-1)
-                agree[v][g.start : g.stop] += (arg == top_final).double().sum(-1)
-    rows = [
-        {"layer": l, "lens": v, "kl": float(kl[v][l] / n), "top1_agreement": float(agree[v][l] / n)}
-        for v in variants
-        for l in range(n_blocks)
-    ]
-    return pd.DataFrame(rows)
-
-
-# ---------------------------------------------------------------------------
-# Training
+__all__ = ["EVAL_CHUNK", "adam_steps", "heldout_metrics", "kl_gradient_", "kl_gradients", "layer_groups", "train_tuned_lens"]
 
 
 def _downweight_ids(model: Model, which: str) -> list[int]:
@@ -194,6 +116,7 @@ def _ridge_init(
         lens.b.data[l] = (y_mean.double() - x_mean.double() @ W).float()
 
 
+
 def train_tuned_lens(
     model: Model,
     texts: str | Sequence[str] | None = None,
@@ -226,11 +149,40 @@ def train_tuned_lens(
     gen = torch.Generator().manual_seed(cfg.seed)
 
     data: LensTrainingData = (cache or ResidualCache(model)).get(model, texts_list, cfg, progress)
-    train, held, resid, resid_held = data.train, data.held, data.resid, data.resid_held
     timing["cache_s"] = time.perf_counter() - t0
-    n = resid.shape[1]
-
     lens = TunedLens(model)
+    fit = _fit(lens, model, data, cfg, gen, progress, timing)
+    timing["total_s"] = time.perf_counter() - t0
+    # CPU seconds of all this process's threads: on a machine shared with other jobs,
+    # cpu_s / torch threads estimates the wall time the same run takes when quiet.
+    timing["cpu_s"] = time.process_time() - cpu0
+    lens.meta = _sidecar(lens, info, cfg, texts_list, source, data, fit, timing, load0)
+    return lens
+
+
+@dataclass
+class _Fit:
+    """What fitting a lens found and used, for its sidecar."""
+
+    dtype: torch.dtype
+    eval_dtype: torch.dtype
+    probe: Any  # the bfloat16 probe's verdict, None where none ran
+    weights: Float[Tensor, " n"]
+    down_ids: list[int]
+    metrics_init: pd.DataFrame | None
+    losses: list[float]
+    metrics: pd.DataFrame
+    eval_check: dict[str, Any] | None
+
+
+def _fit(
+    lens: TunedLens, model: Model, data: LensTrainingData, cfg: TrainConfig, gen: torch.Generator, progress: bool,
+    timing: dict[str, float],
+) -> _Fit:  # fmt: skip
+    """Ridge start, Adam steps and held-out metrics of ``lens`` on ``data``, timed into ``timing``."""
+    resid, resid_held = data.resid, data.resid_held
+    d_vocab = model.info.d_vocab
+    n = resid.shape[1]
     # bfloat16 only where a child-process probe saw it run, right and faster
     # (a bad kernel kills the process: see depthkit.engine.precision).
     device = lens.model.unembed.W_U.device
@@ -238,21 +190,16 @@ def train_tuned_lens(
     train_rows = (min(cfg.batch_positions, n),) if cfg.steps > 0 else ()
     eval_rows = (min(EVAL_CHUNK, n_held), n_held % EVAL_CHUNK, _dtype_check_positions(n_held))
     # The final layer's readout runs per chunk, every other layer's stacked.
-    rows = tuple(sorted({*train_rows, *eval_rows, *_product_rows(lens.n_blocks, train_rows + eval_rows, info.d_vocab)} - {0}))
-    dtype, train_verdict = matmul_dtype(cfg.matmul_dtype, lens.d_model, info.d_vocab, device, rows)
+    rows = tuple(sorted({*train_rows, *eval_rows, *_product_rows(lens.n_blocks, train_rows + eval_rows, d_vocab)} - {0}))
+    dtype, train_verdict = matmul_dtype(cfg.matmul_dtype, lens.d_model, d_vocab, device, rows)
     fast = Readout(model, dtype)
-    weights = torch.ones(n)
-    down_ids: list[int] = []
-    if cfg.downweight:
-        down_ids = _downweight_ids(model, cfg.downweight)
-        top1 = _final_top1(Readout(model, torch.float32), resid[-1])
-        weights[torch.isin(top1, torch.tensor(down_ids))] = cfg.downweight_factor
+    weights, down_ids = _position_weights(model, cfg, resid)
     t1 = time.perf_counter()
     if cfg.init == "ridge":
         _ridge_init(lens, resid, weights, cfg.ridge)
     timing["init_s"] = time.perf_counter() - t1
 
-    eval_dtype, eval_verdict = matmul_dtype(cfg.eval_dtype, lens.d_model, info.d_vocab, device, rows)
+    eval_dtype, eval_verdict = matmul_dtype(cfg.eval_dtype, lens.d_model, d_vocab, device, rows)
     t3 = time.perf_counter()
     metrics_init = None
     if cfg.init == "ridge" and cfg.steps > 0:
@@ -261,9 +208,30 @@ def train_tuned_lens(
     timing["eval_s"] = time.perf_counter() - t3
 
     t2 = time.perf_counter()
-    losses = _adam(lens, fast, resid, weights, cfg, gen, progress)
+    losses = adam_steps(lens, fast, resid, weights, cfg, gen, progress)
     timing["train_s"] = time.perf_counter() - t2
+    metrics, eval_check = _final_metrics(lens, data, eval_dtype, timing)
+    return _Fit(dtype, eval_dtype, train_verdict or eval_verdict, weights, down_ids, metrics_init, losses, metrics, eval_check)
 
+
+def _position_weights(model: Model, cfg: TrainConfig, resid: Float[Tensor, "depth n d_model"]) -> tuple[Float[Tensor, " n"], list[int]]:
+    """Training weight of every position (down-weighted where ``cfg`` says), and the
+    token ids whose positions are down-weighted."""
+    weights = torch.ones(resid.shape[1])
+    down_ids: list[int] = []
+    if cfg.downweight:
+        down_ids = _downweight_ids(model, cfg.downweight)
+        top1 = _final_top1(Readout(model, torch.float32), resid[-1])
+        weights[torch.isin(top1, torch.tensor(down_ids))] = cfg.downweight_factor
+    return weights, down_ids
+
+
+def _final_metrics(
+    lens: TunedLens, data: LensTrainingData, eval_dtype: torch.dtype, timing: dict[str, float]
+) -> tuple[pd.DataFrame, dict[str, Any] | None]:
+    """Held-out metrics of the trained lens and of the logit lens (kept in ``data``
+    for the next lens trained on it), and how far they are from float32 ones."""
+    resid_held = data.resid_held
     t3 = time.perf_counter()
     dkey = str(eval_dtype)
     if dkey not in data.logit_metrics:
@@ -274,7 +242,7 @@ def train_tuned_lens(
     if eval_dtype != torch.float32:
         # How far the bfloat16 metrics are from float32 ones, on a slice.
         t4 = time.perf_counter()
-        sub = resid_held[:, : _dtype_check_positions(n_held)]
+        sub = resid_held[:, : _dtype_check_positions(int(resid_held.shape[1]))]
         a, b = heldout_metrics(lens, sub, dtype=eval_dtype), heldout_metrics(lens, sub)
         eval_check = {
             "positions": int(sub.shape[1]),
@@ -282,170 +250,42 @@ def train_tuned_lens(
             "max_abs_agreement_diff": float((a["top1_agreement"] - b["top1_agreement"]).abs().max()),
         }
         timing["eval_check_s"] = time.perf_counter() - t4
-    timing["total_s"] = time.perf_counter() - t0
-    # CPU seconds of all this process's threads: on a machine shared with other jobs,
-    # cpu_s / torch threads estimates the wall time the same run takes when quiet.
-    timing["cpu_s"] = time.process_time() - cpu0
-    lens.meta = {
+    return metrics, eval_check
+
+
+def _sidecar(
+    lens: TunedLens, info: Any, cfg: TrainConfig, texts_list: list[str] | None, source: Sequence[str], data: LensTrainingData,
+    fit: _Fit, timing: dict[str, float], load0: list[float] | None,
+) -> dict[str, Any]:  # fmt: skip
+    """The ``.meta`` of a trained lens, saved next to it."""
+    return {
         "format": FORMAT_VERSION,
         "model": info.as_dict(),
         "config": dataclasses.asdict(cfg),
         "config_hash": config_hash(cfg, info, texts_list),
         "texts": texts_digest(texts_list),
         "shapes": {"A": list(lens.A.shape), "b": list(lens.b.shape)},
-        "n_train_positions": n,
-        "n_heldout_positions": int(resid_held.shape[1]),
+        "n_train_positions": data.resid.shape[1],
+        "n_heldout_positions": int(data.resid_held.shape[1]),
         # Indices into the training texts, and the digests of those passages
         # (depthkit.data.embedded.passage_digest), so any analysis can check it avoids them.
-        "train_passages": train.passages,
-        "heldout_passages": held.passages,
-        "train_passage_digests": [passage_digest(source[j]) for j in train.passages],
-        "downweighted_token_ids": down_ids,
-        "downweighted_share": float((weights < 1).float().mean()),
-        "heldout": metrics.to_dict("records"),
-        "eval_dtype_check": eval_check,
+        "train_passages": data.train.passages,
+        "heldout_passages": data.held.passages,
+        "train_passage_digests": [passage_digest(source[j]) for j in data.train.passages],
+        "downweighted_token_ids": fit.down_ids,
+        "downweighted_share": float((fit.weights < 1).float().mean()),
+        "heldout": fit.metrics.to_dict("records"),
+        "eval_dtype_check": fit.eval_check,
         # What ran, which may be float32 where the config asked for bfloat16.
-        "dtypes_used": {"train": str(dtype).removeprefix("torch."), "eval": str(eval_dtype).removeprefix("torch.")},
-        "bf16_probe": (train_verdict or eval_verdict).as_dict() if (train_verdict or eval_verdict) else None,
-        "heldout_after_init": None if metrics_init is None else metrics_init.to_dict("records"),
-        "train_loss": losses,
+        "dtypes_used": {"train": str(fit.dtype).removeprefix("torch."), "eval": str(fit.eval_dtype).removeprefix("torch.")},
+        "bf16_probe": fit.probe.as_dict() if fit.probe else None,
+        "heldout_after_init": None if fit.metrics_init is None else fit.metrics_init.to_dict("records"),
+        "train_loss": fit.losses,
         "timing": timing,
         "load_average": {"start": load0, "end": _load_average()},
         "torch_threads": torch.get_num_threads(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    return lens
-
-
-def _adam(
-    lens: TunedLens,
-    readout: Readout,
-    resid: Float[Tensor, "depth n d_model"],
-    weights: Float[Tensor, " n"],
-    cfg: TrainConfig,
-    gen: torch.Generator,
-    progress: bool,
-) -> list[float]:
-    """Adam on the (weighted) KL, linear learning-rate decay, gradient clipping per
-    layer. Returns the mean-over-layers training loss of every step.
-
-    Adam moves every weight by about ``lr`` per step whatever its gradient, which
-    is ruinous for weights that multiply the residual's few huge dimensions (massive
-    activations): on smollm2 plain Adam on A took the ridge start from a training KL
-    of 2.2 to about 16 nats in two steps. So the steps act on a correction in
-    standardised coordinates, ``Δ (h - μ) / σ + δ``, folded into A and b at the end.
-    """
-    if cfg.steps == 0:
-        return []
-    L, n, d = lens.n_blocks, resid.shape[1], lens.d_model
-    rows = min(cfg.batch_positions, n)
-    buf = torch.empty(len(layer_groups(L, rows, lens.d_vocab)[0]) * rows * lens.d_vocab)
-    mu = torch.stack([resid[l].mean(0) for l in range(L)])  # [L, d]
-    sigma = torch.stack([resid[l].std(0) for l in range(L)]).clamp_min(1e-6)
-    delta_A = torch.zeros(L, d, d, requires_grad=True)
-    delta_b = torch.zeros(L, d, requires_grad=True)
-    opt = torch.optim.Adam([delta_A, delta_b], lr=cfg.lr)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / cfg.steps)
-    losses: list[float] = []
-    bar = tqdm(range(cfg.steps), desc="tuned lens: training", disable=not progress, leave=False)
-    running = None
-    for _ in bar:
-        idx = torch.randint(0, n, (rows,), generator=gen)
-        w = weights[idx]
-        w = w / w.sum()
-        gA, gb, total = kl_gradients(lens, readout, resid, idx, w, (mu, sigma), (delta_A, delta_b), buf)
-        # Clip each layer's gradient on its own: layers are independent problems.
-        norms = (gA.flatten(1).square().sum(1) + gb.square().sum(1)).sqrt()
-        scale = (cfg.grad_clip / (norms + 1e-12)).clamp(max=1.0)
-        delta_A.grad = gA * scale[:, None, None]
-        delta_b.grad = gb * scale[:, None]
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(total / L)
-        running = losses[-1] if running is None else 0.9 * running + 0.1 * losses[-1]
-        bar.set_postfix(kl=f"{running:.3f}")
-    with torch.no_grad():
-        # Δ (h - μ)/σ + δ = (Δ/σ) h + (δ - (Δ/σ) μ)
-        scaled = delta_A / sigma[:, None, :]
-        lens.A += scaled
-        lens.b += delta_b - torch.einsum("lij,lj->li", scaled, mu)
-    return losses
-
-
-def kl_gradients(
-    lens: TunedLens,
-    readout: Readout,
-    resid: Float[Tensor, "depth n d_model"],
-    idx: Int[Tensor, " pos"],
-    w: Float[Tensor, " pos"],
-    standardise: tuple[Float[Tensor, "layer d_model"], Float[Tensor, "layer d_model"]],
-    deltas: tuple[Float[Tensor, "layer d_model d_model"], Float[Tensor, "layer d_model"]],
-    buf: Float[Tensor, " n"] | None = None,
-) -> tuple[Float[Tensor, "layer d_model d_model"], Float[Tensor, "layer d_model"], float]:
-    """Gradients w.r.t. the corrections ``deltas`` = (Δ, δ) of the training loss
-    ``Σ_ℓ Σ_pos w · KL(p_L ‖ q_ℓ) / L`` at positions ``idx``, where lens ℓ reads
-    ``translate(h) + Δ_ℓ (h - μ_ℓ) / σ_ℓ + δ_ℓ`` (``standardise`` = (μ, σ)); and the
-    sum over layers of the weighted KL. ``buf``: float32 scratch for the logits of
-    one group of layers (:func:`layer_groups`)."""
-    mu, sigma = standardise
-    delta_A, delta_b = deltas
-    L = lens.n_blocks
-    groups = layer_groups(L, len(idx), lens.d_vocab)
-    if buf is None:
-        buf = torch.empty(len(groups[0]) * len(idx) * lens.d_vocab)
-    with torch.no_grad():
-        logp = torch.log_softmax(readout(resid[-1, idx]), -1)
-        p = logp.exp()
-        neg_entropy = (p * logp).sum(-1)
-    gA = torch.zeros_like(delta_A)
-    gb = torch.zeros_like(delta_b)
-    total = 0.0
-    for g in groups:
-        # The layers' losses are independent, so a group's gradient is its own.
-        dA = delta_A[g.start : g.stop].detach().requires_grad_()
-        db = delta_b[g.start : g.stop].detach().requires_grad_()
-        h = resid[g.start : g.stop, idx]  # [layer, pos, d]
-        with torch.no_grad():
-            base = torch.stack([lens.translate(h[i], l) for i, l in enumerate(g)])
-        z_std = (h - mu[g.start : g.stop, None]) / sigma[g.start : g.stop, None]
-        x = readout.norm((base + torch.baddbmm(db[:, None], z_std, dA.transpose(1, 2))).to(readout.norm_dtype))
-        z = readout.project(x.detach(), out=buf)
-        kl = kl_gradient_(readout, z, p, neg_entropy, w / L)
-        # The model's parameters get no gradient (grads are taken w.r.t. the
-        # corrections only), and the unembedding's own gradient, the most expensive
-        # product of all, is never formed.
-        gA[g.start : g.stop], gb[g.start : g.stop] = torch.autograd.grad(x, (dA, db), readout.project_back(z).to(x.dtype))
-        total += float((w * kl).sum())
-    return gA, gb, total
-
-
-@torch.no_grad()
-def kl_gradient_(
-    readout: Readout,
-    z: Float[Tensor, "layer pos d_vocab"],
-    p: Float[Tensor, "pos d_vocab"],
-    neg_entropy: Float[Tensor, " pos"],
-    w: Float[Tensor, " pos"],
-) -> Float[Tensor, "layer pos"]:
-    """KL(p ‖ softmax(cap(z))) per layer and position, for logits ``z`` before the
-    soft-cap; ``z`` is overwritten, in place, with the gradient of
-    ``Σ_pos w · KL`` w.r.t. it: ``w (q - p)``, times the soft-cap's derivative.
-    By hand rather than by autograd: autograd's log-softmax keeps several
-    vocabulary-sized tensors per layer, and on CPU each pass over them costs about
-    as much as a tenth of the unembedding product."""
-    slope = None
-    if readout.softcap > 0:
-        readout.cap_(z)
-        slope = 1 - (z / readout.softcap).square()  # d cap(u) / du, from cap(u)
-    cross = torch.einsum("nv,gnv->gn", p, z)
-    top = z.amax(-1, keepdim=True)
-    mass = z.sub_(top).exp_().sum(-1, keepdim=True)
-    kl = neg_entropy - cross + (top + mass.log()).squeeze(-1)
-    z.mul_(w[:, None] / mass).sub_(p * w[:, None])
-    if slope is not None:
-        z.mul_(slope)
-    return kl
 
 
 def _load_average() -> list[float] | None:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from depthkit.stats import LEVEL, MIN_N, LayerCI
+from depthkit.stats.intervals import LEVEL, MIN_N
+from depthkit.stats.layers import LayerCI
 
 if TYPE_CHECKING:
     from depthkit.core.model_info import ModelInfo
