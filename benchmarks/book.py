@@ -18,7 +18,7 @@ import json
 import os
 from pathlib import Path
 
-from depthkit.reference import cpu_name
+from depthkit.book.reference import cpu_name
 
 CATEGORIES = ("model forward", "lens readout", "lens training", "statistics", "other")
 HEAD = ["chapter", "model", "wall", "CPU", "peak RSS", "forward", "readout", "training", "stats", "other", "unsampled"]

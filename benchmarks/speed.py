@@ -39,8 +39,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import depthkit as dk  # noqa: E402
-from depthkit import mcq  # noqa: E402
-from depthkit.capture import (  # noqa: E402
+from depthkit.analyses import mcq  # noqa: E402
+from depthkit.engine.capture import (  # noqa: E402
     Item,
     batch_tensors,
     packed_batches,
@@ -48,7 +48,7 @@ from depthkit.capture import (  # noqa: E402
     patched_final_residuals,
     residual_hook_names,
 )
-from depthkit.trajectories import ONE_POSITION_BATCH  # noqa: E402
+from depthkit.lens.trajectories import ONE_POSITION_BATCH  # noqa: E402
 
 
 def matmul_gflops(n: int = 2048, repeats: int = 5) -> float:

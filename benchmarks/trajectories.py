@@ -42,10 +42,9 @@ def matmul_rate(n: int = 4096, repeats: int = 3) -> float:
 
 
 def _texts_256(model, n: int = 8, length: int = 256) -> list[list[int]]:
-    from depthkit.data import wikipedia_passages
-    from depthkit.models import tokenizer_of
+    from depthkit.data.embedded import wikipedia_passages
 
-    tok = tokenizer_of(model)
+    tok = model.tokenizer
     out = []
     for text in wikipedia_passages():
         ids = tok(text, add_special_tokens=True)["input_ids"]
@@ -71,8 +70,8 @@ def run_one(kind: str, model_name: str, n_prompts: int) -> dict:
     import torch
 
     import depthkit as dk
-    from depthkit.data import wikipedia_prefixes
-    from depthkit.trajectories import Item
+    from depthkit.data.embedded import wikipedia_prefixes
+    from depthkit.lens.trajectories import Item
 
     torch.set_grad_enabled(False)
     model = dk.load_model(model_name)
@@ -114,7 +113,7 @@ def _naive(model, items) -> None:
     and position, then the same statistics as the engine at the positions asked for."""
     import torch
 
-    from depthkit.lenses import LogitLens
+    from depthkit.lens.base import LogitLens
 
     lens = LogitLens(model)
     hf = model.original_model

@@ -24,7 +24,7 @@ import time
 import torch
 
 import depthkit as dk
-from depthkit.tuned_lens import ResidualCache, lens_path, resolve_config, save_lens, train_tuned_lens
+from depthkit.lens import ResidualCache, lens_path, resolve_config, save_lens, train_tuned_lens
 
 TIME_LIMIT_S = 15 * 60
 

@@ -20,10 +20,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from depthkit import book, reference
+from depthkit.book import reference
+from depthkit.book import runner as book
 from depthkit.chapters import CHAPTERS, Chapter, available_chapters, chapter
-from depthkit.models import DEFAULT_MODEL, ModelLoadError
-from depthkit.params import ParameterError
+from depthkit.core.params import ParameterError
+from depthkit.engine.models import DEFAULT_MODEL, ModelLoadError
 
 
 def _select(spec: str | None) -> list[Chapter]:
@@ -153,7 +154,7 @@ def _cmd_reference(args: argparse.Namespace) -> int:
 
 
 def _cmd_publish(args: argparse.Namespace) -> int:
-    from depthkit.publish import publish_book
+    from depthkit.book.publish import publish_book
 
     root = _book_root(args.root)
     html = root / "_build" / "html"
@@ -180,7 +181,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_results(args: argparse.Namespace) -> int:
-    from depthkit.results import list_runs
+    from depthkit.core.results import list_runs
 
     runs = list_runs(_results_root(args.results))
     if len(runs) == 0:
@@ -190,20 +191,20 @@ def _cmd_results(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="depthkit", description="Run the chapters of the book and build it.")
-    sub = parser.add_subparsers(dest="command", required=True)
+_RESULTS_HELP = "results folder (default: $DEPTHKIT_RESULTS or ./results of the repository)"
+_ROOT_HELP = "book folder holding _config.yml, _toc.yml and book/ (default: the repository)"
 
-    results_help = "results folder (default: $DEPTHKIT_RESULTS or ./results of the repository)"
-    root_help = "book folder holding _config.yml, _toc.yml and book/ (default: the repository)"
-    def placement(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="precision of the weights (default float32)")
-        p.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: a GPU if there is one)")
-        p.add_argument("--device-map", help="transformers device_map for big hub models, e.g. auto")
 
+def _placement_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="precision of the weights (default float32)")
+    p.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: a GPU if there is one)")
+    p.add_argument("--device-map", help="transformers device_map for big hub models, e.g. auto")
+
+
+def _add_book(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("book", help="execute every chapter with papermill and build the HTML book")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"model name or hub id (default {DEFAULT_MODEL})")
-    placement(p)
+    _placement_options(p)
     p.add_argument(
         "--no-execute", action="store_true",
         help="build the HTML from the executed chapters as they are (chapter 07 is still refreshed when saved results changed)",
@@ -211,17 +212,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--smoke", action="store_true", help="use each chapter's tiny smoke parameters")
     p.add_argument("--chapters", help="comma-separated chapter ids, e.g. 00,01 (default: every chapter)")
     p.add_argument("--force", action="store_true", help="execute chapters even if unchanged since their last run")
-    p.add_argument("--results", help=results_help)
-    p.add_argument("--root", help=root_help)
+    p.add_argument("--results", help=_RESULTS_HELP)
+    p.add_argument("--root", help=_ROOT_HELP)
     p.set_defaults(func=_cmd_book)
 
+
+def _add_run(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="execute one chapter into <root>/book/chapters/")
     p.add_argument("chapter", help="chapter id or slug, e.g. 04")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"model name or hub id (default {DEFAULT_MODEL})")
-    placement(p)
+    _placement_options(p)
     p.add_argument("-p", "--param", action="append", metavar="KEY=VALUE", help="parameter, value read as YAML")
     p.add_argument("--smoke", action="store_true", help="start from the chapter's smoke parameters")
-    p.add_argument("--results", help=results_help)
+    p.add_argument("--results", help=_RESULTS_HELP)
     p.add_argument("--root", help="folder whose book/chapters/ receives the executed notebook (default: the repository)")
     p.add_argument(
         "--reference", action="store_true",
@@ -233,29 +236,43 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.set_defaults(func=_cmd_run)
 
+
+def _add_reference(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("reference", help="re-execute the reference runs kept in reference/ (every model's by default)")
     p.add_argument("--model", action="append", help="only this model (repeatable); a model with none yet gets every chapter")
     p.add_argument("--chapters", help="comma-separated chapter ids (default: every chapter)")
     p.add_argument("--variant", metavar="NAME", help="only robustness run NAME (made first with `depthkit run NN --variant NAME -p ...`)")
     p.add_argument("--stale-only", action="store_true", help="only the runs whose chapter code changed since")
-    p.add_argument("--results", help=results_help)
+    p.add_argument("--results", help=_RESULTS_HELP)
     p.set_defaults(func=_cmd_reference)
 
+
+def _add_listings(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("list", help="list the chapters and their last run")
-    p.add_argument("--root", help=root_help)
+    p.add_argument("--root", help=_ROOT_HELP)
     p.set_defaults(func=_cmd_list)
 
     p = sub.add_parser("results", help="list the complete result runs")
-    p.add_argument("--results", help=results_help)
+    p.add_argument("--results", help=_RESULTS_HELP)
     p.set_defaults(func=_cmd_results)
 
+
+def _add_publish(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("publish", help="publish the built book (_build/html) to a gh-pages branch of a git remote")
     p.add_argument("--remote", default="origin", help="git remote to push to (default origin)")
     p.add_argument("--branch", default="gh-pages", help="branch that holds the site (default gh-pages)")
     p.add_argument("-m", "--message", help="commit message (default names the commit the book was built from)")
     p.add_argument("--no-push", action="store_true", help="commit to the local branch only")
-    p.add_argument("--root", help=root_help)
+    p.add_argument("--root", help=_ROOT_HELP)
     p.set_defaults(func=_cmd_publish)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="depthkit", description="Run the chapters of the book and build it.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    # In the order `depthkit --help` lists them.
+    for add in (_add_book, _add_run, _add_reference, _add_listings, _add_publish):
+        add(sub)
     return parser
 
 

@@ -140,9 +140,9 @@ def smoke_book(tmp_path_factory):
     """The CI smoke build, done once per session: every chapter executed with its
     smoke parameters on the real default model, then the HTML book built.
     Returns (index.html, results root)."""
-    from depthkit import book
+    from depthkit.book import runner as book
     from depthkit.chapters import available_chapters
-    from depthkit.models import DEFAULT_MODEL
+    from depthkit.engine.models import DEFAULT_MODEL
 
     chapters = available_chapters()
     if not chapters:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from depthkit.attention import fused_attention
-from depthkit.capture import Item, collect_residuals, residual_hook_names
+from depthkit.engine.attention import fused_attention
+from depthkit.engine.capture import Item, collect_residuals, residual_hook_names
 
 ARCHS = ("llama", "gpt2", "neox", "gemma3")
 

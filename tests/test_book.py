@@ -16,7 +16,10 @@ import pytest
 import yaml
 from conftest import ToyChapter, toy_notebook
 
-from depthkit import book, book_pages, book_site, cli, plots
+from depthkit import cli, plots
+from depthkit.book import pages as book_pages
+from depthkit.book import runner as book
+from depthkit.book import site as book_site
 from depthkit.chapters import CHAPTERS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -92,14 +95,14 @@ def test_run_hash_changes_with_notebook_params_and_code(chapter: ToyChapter) -> 
 
 
 def test_source_fingerprint_is_stable_and_leaves_out_only_other_chapters_code() -> None:
-    from depthkit import stamps
+    from depthkit.book import stamps
 
     assert stamps.source_fingerprint() == stamps.source_fingerprint()
     assert len({stamps.source_fingerprint(), stamps.source_fingerprint("02"), stamps.source_fingerprint("03")}) == 3
     mine = ("chapters/ch03_fact_recall.py", "stats.py", "chapters/__init__.py", "datafiles/facts.jsonl")
     assert not any(stamps._other_chapters(rel, "03") for rel in mine)
-    assert all(stamps._other_chapters(rel, "03") for rel in ("chapters/ch02_mcq_collection_vs_reasoning.py", "verdicts.py"))
-    assert not any(stamps._other_chapters(rel, None) for rel in ("chapters/ch02_mcq_collection_vs_reasoning.py", "verdicts.py"))
+    assert all(stamps._other_chapters(rel, "03") for rel in ("chapters/ch02_mcq_collection_vs_reasoning.py", "verdicts/__init__.py"))
+    assert not any(stamps._other_chapters(rel, None) for rel in ("chapters/ch02_mcq_collection_vs_reasoning.py", "verdicts/__init__.py"))
 
 
 @pytest.mark.parametrize(("seconds", "text"), [(3.21, "3.2 s"), (119.94, "119.9 s"), (359.6, "6 min 0 s"), (754, "12 min 34 s")])
@@ -179,7 +182,7 @@ def test_interrupted_run_leaves_nothing_that_looks_complete(
 
 
 def test_atomic_write_replaces_whole_file_and_leaves_no_temp(tmp_path: Path) -> None:
-    from depthkit.cache import atomic_write
+    from depthkit.core.files import atomic_write
 
     target = tmp_path / "x.json"
     target.write_text("old")
@@ -189,7 +192,7 @@ def test_atomic_write_replaces_whole_file_and_leaves_no_temp(tmp_path: Path) -> 
 
 
 def test_atomic_dir_replaces_the_folder_or_leaves_it_as_it_was(tmp_path: Path) -> None:
-    from depthkit.cache import atomic_dir
+    from depthkit.core.files import atomic_dir
 
     target = tmp_path / "copy"
     target.mkdir()
@@ -316,7 +319,7 @@ def test_the_tether_measures_the_child_it_ran(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from depthkit import tether
+    from depthkit.book import tether
 
     out = tmp_path / "peak.json"
     grow = "x = bytearray(300_000_000); x[::4096] = b'1' * len(x[::4096])"  # touch every page: resident
@@ -334,7 +337,7 @@ def _tethered_sleeper(tmp_path: Path) -> tuple[Any, int, int]:
     import subprocess
     import sys
 
-    from depthkit import tether
+    from depthkit.book import tether
 
     pids = tmp_path / "pids"
     # The sleeper starts a grandchild of its own: the tether must stop the whole group.
@@ -380,7 +383,7 @@ def test_the_tether_passes_a_stop_signal_on_to_its_command(tmp_path: Path) -> No
     import subprocess
     import sys
 
-    from depthkit import tether
+    from depthkit.book import tether
 
     code = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(7)); print('ready', flush=True); time.sleep(60)"
     proc = subprocess.Popen(
@@ -394,7 +397,7 @@ def test_the_tether_passes_a_stop_signal_on_to_its_command(tmp_path: Path) -> No
 def test_a_run_records_time_and_peak_memory_and_its_page_opens_with_them(chapter: ToyChapter, tmp_path: Path) -> None:
     import os
 
-    from depthkit import book_pages
+    from depthkit.book import pages as book_pages
 
     out, work = tmp_path / "out", tmp_path / "work"
     first = book.execute_chapter(chapter, {"model": "m", "n": 5}, out, work_dir=work)
@@ -417,7 +420,7 @@ def test_a_run_records_time_and_peak_memory_and_its_page_opens_with_them(chapter
 
 
 def test_insert_run_box_splits_the_title_and_replaces_an_old_box() -> None:
-    from depthkit import book_pages
+    from depthkit.book import pages as book_pages
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_markdown_cell("# Title\n\nIntro prose."), nbformat.v4.new_code_cell("x = 1")]
@@ -428,7 +431,7 @@ def test_insert_run_box_splits_the_title_and_replaces_an_old_box() -> None:
 
 
 def test_run_table_from_stamps(chapter: ToyChapter) -> None:
-    from depthkit import book_pages
+    from depthkit.book import pages as book_pages
 
     other = ToyChapter("91", "91_other", "Other", chapter.notebook)
     stamp = {"params": {"model": "m", "n": 3}, "elapsed_s": 754, "cpu_s": 1200.4, "peak_rss_mb": 3210.0, "cpus": 2}
@@ -442,22 +445,29 @@ def test_run_table_from_stamps(chapter: ToyChapter) -> None:
 
 
 def test_time_shares_classify_stacks() -> None:
-    from depthkit.time_shares import classify
+    from depthkit.book.time_shares import classify
 
     cell, pkg, nn = "/tmp/ipykernel_7/123.py", "/x/depthkit", "/v/site-packages/torch/nn/modules/module.py"
     inner_first = lambda *frames: [*frames, (cell, "<module>"), ("/v/ipykernel/kernelbase.py", "run")]  # noqa: E731
     assert classify([("/v/zmq/poll.py", "poll"), ("/v/ipykernel/kernelbase.py", "run")]) is None  # idle kernel
-    assert classify(inner_first(("/v/numpy/core.py", "mean"), (f"{pkg}/stats.py", "bootstrap_ci"))) == "statistics"
-    forward = [(nn, "_call_impl"), ("/v/transformer_lens/model.py", "forward"), (f"{pkg}/capture.py", "_run"),
-               (f"{pkg}/trajectories.py", "trajectories")]
+    assert classify(inner_first(("/v/numpy/core.py", "mean"), (f"{pkg}/stats/__init__.py", "bootstrap_ci"))) == "statistics"
+    forward = [(nn, "_call_impl"), ("/v/transformer_lens/model.py", "forward"), (f"{pkg}/engine/capture.py", "_run"),
+               (f"{pkg}/lens/trajectories.py", "trajectories")]
     assert classify(inner_first(*forward)) == "model forward"
     # A lens readout inside a forward hook is the readout, not the forward around it.
-    assert classify(inner_first((nn, "_call_impl"), (f"{pkg}/lenses.py", "readout"), (f"{pkg}/capture.py", "grab"), *forward)) == "lens readout"
-    assert classify(inner_first((f"{pkg}/trajectories.py", "decode_residuals"))) == "lens readout"
-    assert classify(inner_first(*forward, (f"{pkg}/lens_training.py", "train_tuned_lens"))) == "lens training"
-    assert classify(inner_first(("/v/pandas/frame.py", "merge"), (f"{pkg}/metrics.py", "onset_layers"))) == "other"
+    assert classify(inner_first((nn, "_call_impl"), (f"{pkg}/lens/base.py", "readout"), (f"{pkg}/engine/capture.py", "grab"), *forward)) == "lens readout"
+    assert classify(inner_first((f"{pkg}/lens/trajectories.py", "decode_residuals"))) == "lens readout"
+    assert classify(inner_first((f"{pkg}/lens/decode.py", "_decode_chunk"), (f"{pkg}/lens/trajectories.py", "_read_batches"))) == "lens readout"
+    assert classify(inner_first(*forward, (f"{pkg}/lens/training.py", "train_tuned_lens"))) == "lens training"
+    # Training split over modules is training in each of them, wherever it is called from.
+    for module, function in (("training_steps", "kl_gradients"), ("training_metrics", "heldout_metrics")):
+        assert classify(inner_first((nn, "_call_impl"), (f"{pkg}/lens/base.py", "readout"), (f"{pkg}/lens/{module}.py", function))) == "lens training"
+    # Tokenising prompts is not a readout (the tokenizer counts as the model's library).
+    assert classify(inner_first(("/v/transformers/tokenization_utils_base.py", "__call__"), (f"{pkg}/lens/prompts.py", "encode"),
+                                (f"{pkg}/lens/compare.py", "compare_lenses"))) == "model forward"  # fmt: skip
+    assert classify(inner_first(("/v/pandas/frame.py", "merge"), (f"{pkg}/analyses/summaries.py", "onset_layers"))) == "other"
     assert classify(inner_first(("/v/altair/api.py", "to_dict"))) == "other"
-    assert classify(inner_first((f"{pkg}/lenses.py", "<module>"), ("<frozen importlib._bootstrap>", "_load"))) == "other"
+    assert classify(inner_first((f"{pkg}/lens/base.py", "<module>"), ("<frozen importlib._bootstrap>", "_load"))) == "other"
 
 
 def test_a_chapter_stamp_says_where_its_time_went(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from conftest import ToyChapter, book_root_copy, toy_notebook
 
-from depthkit import book
+from depthkit.book import runner as book
 from depthkit.chapters import available_chapters
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""depthkit.capture: padded batches, residual capture, block maps and patched runs
+"""depthkit.engine.capture: padded batches, residual capture, block maps and patched runs
 (tiny models of all four families)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import depthkit as dk
-from depthkit.capture import (
+from depthkit.engine.capture import (
     Item,
     batch_tensors,
     collect_residuals,
@@ -19,7 +19,7 @@ from depthkit.capture import (
     patched_final_residuals,
     residual_rows,
 )
-from depthkit.lenses import LogitLens
+from depthkit.lens.base import LogitLens
 
 ARCHS = ["llama", "gpt2", "neox", "gemma3"]
 TEXTS = [

@@ -135,14 +135,13 @@ def test_explorer_grid_on_a_tiny_model(tiny_llama):
     layer, the input token of each column, and a chart whose dropdown lists the prompts."""
     import depthkit as dk
     from depthkit import plots
-    from depthkit.models import tokenizer_of
 
     texts = ch.explorer_texts(["a b c"], ["one two three four five six seven eight nine ten eleven twelve"], 2)
     assert texts[0] == "a b c" and len(texts) == 2
     items = ch.explorer_items(tiny_llama, texts, n_positions=4)
     assert all(len(it.positions) == min(4, len(it.tokens)) and it.positions[-1] == len(it.tokens) - 1 for it in items)
     traj = dk.trajectories(tiny_llama, items, lens="logit", top_k=3, progress=False)
-    grid = ch.explorer_grid(traj, items, texts, tokenizer_of(tiny_llama))
+    grid = ch.explorer_grid(traj, items, texts, tiny_llama.tokenizer)
     L = dk.model_info(tiny_llama).n_blocks
     assert len(grid) == sum(len(it.positions) for it in items) * grid["layer"].nunique()
     assert grid["layer"].max() == L and grid["prob"].between(0, 1).all()
@@ -151,7 +150,7 @@ def test_explorer_grid_on_a_tiny_model(tiny_llama):
     assert row["top3"] == "  ".join(f"{t!r} {q:.0%}" for t, q in zip(top["token"], top["prob"]))
     assert row["top1"] == repr(top["token"].iloc[0])
     first = grid[(grid["prompt"] == 0)].sort_values("position")
-    tok = tokenizer_of(tiny_llama)
+    tok = tiny_llama.tokenizer
     assert first["column"].iloc[0] == f"{tok.decode([items[0].tokens[items[0].positions[0]]])!r} ·{items[0].positions[0]}"
     spec = plots.lens_explorer_chart(grid).to_dict()
     bind = next(p for p in spec["params"] if p["name"] == "prompt_choice")["bind"]

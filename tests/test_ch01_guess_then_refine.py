@@ -137,9 +137,9 @@ def test_bigram_guess_backs_off_so_every_share_has_one_denominator():
     bi = guesses[guesses["guess"] == "bigram"].set_index("item")
     assert bi["backoff"].sum() == 10 and (bi.loc[bi["backoff"], "token_id"] == 3).all()
     assert (bi.loc[~bi["backoff"], "token_id"] == 0).all()
-    from depthkit import metrics
+    from depthkit.analyses import summaries
 
-    agreement = metrics.agreement_by_layer(steps, guesses)
+    agreement = summaries.agreement_by_layer(steps, guesses)
     assert (agreement["n"] == 20).all()  # unigram, bigram and final: all prompts
     # layers 1-2 predict token 0 = the bigram guess of the 10 even prompts
     assert agreement.set_index(["layer", "guess"]).loc[(1, "bigram"), "share"] == pytest.approx(0.5)
@@ -229,10 +229,10 @@ def test_summary_carries_the_layer0_and_input_sentences():
     t = ch.bucket_tables(steps, final, freq, 6, n_boot=50, seed=0)
     pp = ch.per_prompt(steps, final, freq)
     last = ch.last_token_frame(list(range(40)), [" a"] * 20 + ["b"] * 20)
-    from depthkit import metrics
+    from depthkit.analyses import summaries
 
     guesses = ch.guesses_from(steps, final, last, _bigram([0], [7]), unigram_id=0)
-    agree = metrics.agreement_by_layer(steps, guesses)
+    agree = summaries.agreement_by_layer(steps, guesses)
     text = ch.summary(pp, t, ch.peak_layer(pp, n_boot=50, seed=0), agree, L=6, source="s", weights="w", minutes=0.1,
                       n_boot=50, seed=0, layer0=comp, groups=ch.input_groups(pp, last, n_boot=50, seed=0))
     assert "Layer 1 against layer 0 (the embedding row, before any block" in text

@@ -55,7 +55,7 @@ def test_order_difference_has_no_interval_below_min_n():
 
 
 def test_layer_summary_states_the_order_only_with_an_interval():
-    from depthkit import mcq
+    from depthkit.analyses import mcq
 
     for n_items, finding in ((12, True), (4, False)):
         r = ranks_frame(n_items=n_items, balanced=True)
@@ -71,7 +71,7 @@ def test_layer_summary_states_the_order_only_with_an_interval():
 
 
 def test_a_task_at_its_majority_baseline_says_nothing_about_reasoning():
-    from depthkit import mcq
+    from depthkit.analyses import mcq
 
     # every gold answer is option 1 and the model always says option 1: 100 % accuracy, 100 % baseline
     r = ranks_frame(n_items=12)
@@ -214,7 +214,7 @@ def test_patching_summary_without_a_control_says_why():
 
 
 def test_headlines_carry_the_share_of_resamples_at_the_output():
-    from depthkit import mcq
+    from depthkit.analyses import mcq
 
     # the answer settles only at the last layer (4) for every prompt: censored in every resample
     est = mcq.layer_estimates(ranks_frame(n_items=12, decide_at=4), n_boot=50, seed=0)
@@ -236,7 +236,7 @@ def _with_sets(r: pd.DataFrame, sets: int) -> pd.DataFrame:
 
 
 def test_demonstration_sets_are_the_resampled_unit():
-    from depthkit import mcq
+    from depthkit.analyses import mcq
 
     # prompts 0..19 settle at layer 3, prompts 20..39 at layer 1 (balanced=False: one answer per prompt)
     r = pd.concat([ranks_frame(n_items=20, decide_at=3), ranks_frame(n_items=20, decide_at=1).assign(item=lambda f: f["item"] + 20)], ignore_index=True)
@@ -266,7 +266,7 @@ def test_transition_difference_resamples_pairs_with_their_lens_prompts():
 def test_a_users_file_is_a_patching_source_under_its_name(tiny_llama, tmp_path):
     import json
 
-    from depthkit import mcq
+    from depthkit.analyses import mcq
 
     path = tmp_path / "my_quiz.jsonl"
     recs = [{"prompt": "The cat sat on the", "options": [" the", " cat"], "answer": 0},
@@ -288,7 +288,7 @@ def test_a_users_file_is_a_patching_source_under_its_name(tiny_llama, tmp_path):
 
 
 def test_early_exits_are_read_canonically_under_the_authors_convention(tiny_llama):
-    from depthkit import mcq
+    from depthkit.analyses import mcq
 
     prompts = mcq.add_option_ids(tiny_llama, pd.DataFrame({
         "task": "t", "example": [0, 1], "prompt": ["The cat sat on the", "Water boils at"],

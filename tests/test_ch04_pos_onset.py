@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from depthkit import metrics
+from depthkit.analyses import summaries
 from depthkit.chapters import HEADLINE_COLUMNS, PAPER_COLUMNS
 from depthkit.chapters import ch04_pos_onset as ch
 
@@ -43,7 +43,7 @@ def test_onsets_start_at_layer_1():
     k1 = on[on["k"] == 1].set_index("item")["onset"]
     assert k1.tolist() == [1.0, 2.0]
     assert on[on["k"] == 10].set_index("item")["onset"].tolist() == [1.0, 1.0]
-    assert metrics.onset_layers(targets, [1]).set_index("item")["onset"].tolist() == [0.0, 0.0]  # the lens-only view
+    assert summaries.onset_layers(targets, [1]).set_index("item")["onset"].tolist() == [0.0, 0.0]  # the lens-only view
     assert on["prompt_end"].iloc[0] == "…a b c" and list(on["tag"].cat.categories) == ["DET", "NOUN"]
 
 

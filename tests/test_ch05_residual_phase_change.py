@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 from depthkit import stats
+from depthkit.analyses.residual import UPDATE_STATS
 from depthkit.chapters import HEADLINE_COLUMNS, PAPER_COLUMNS
 from depthkit.chapters import ch05_residual_phase_change as ch
-from depthkit.residual import UPDATE_STATS
 
 N_BLOCKS = 10
 

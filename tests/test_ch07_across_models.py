@@ -8,7 +8,7 @@ import pytest
 
 from depthkit.chapters import ch07_across_models as across
 from depthkit.chapters import headlines
-from depthkit.results import RunRecorder
+from depthkit.core.results import RunRecorder
 
 
 def _save_pos_run(root, name: str, n_blocks: int, function: float, content: float) -> None:

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from conftest import toy_notebook
 
-from depthkit import book, cli
+from depthkit import cli
+from depthkit.book import runner as book
 from depthkit.chapters import (
     CHAPTERS,
     MCQ_TASKS,
@@ -26,16 +27,16 @@ from depthkit.chapters import (
     notebook_defaults,
     validate_run,
 )
-from depthkit.params import ParameterError, check_params
+from depthkit.core.params import ParameterError, check_params
 
 NOTEBOOKS = available_chapters()
 
 
 def test_choice_lists_match_the_analysis_modules():
-    from depthkit import mcq, pos, residual
+    from depthkit.analyses import mcq, part_of_speech, residual
 
     assert MCQ_TASKS == mcq.TASKS
-    assert set(UPOS_TAGS) == set(pos.UPOS)
+    assert set(UPOS_TAGS) == set(part_of_speech.UPOS)
     assert UPDATE_STATS == residual.UPDATE_STATS
 
 
@@ -202,7 +203,7 @@ def test_any_budget_and_a_saved_lens_file_are_accepted_and_bad_ones_refused(tmp_
         validate_run(ch01, {"lens_budget": "steps=3,lr"})
     with pytest.raises(ParameterError, match="no such lens file"):
         validate_run(ch01, {"lens": str(tmp_path / "mine.safetensors")})
-    with pytest.raises(ParameterError, match="choose 'tuned', 'logit' or the path"):
+    with pytest.raises(ParameterError, match="choose 'logit', 'tuned' or the path"):
         validate_run(ch01, {"lens": "tunde"})
     (tmp_path / "mine.safetensors").write_bytes(b"")
     assert validate_run(ch01, {"lens": str(tmp_path / "mine.safetensors")})

@@ -20,9 +20,9 @@ import nbformat
 import pytest
 
 from depthkit.chapters import available_chapters, chapter
-from depthkit.models import DEFAULT_MODEL
-from depthkit.params import ParameterError
-from depthkit.results import load_run
+from depthkit.core.params import ParameterError
+from depthkit.core.results import load_run
+from depthkit.engine.models import DEFAULT_MODEL
 
 pytestmark = pytest.mark.slow
 
@@ -203,7 +203,7 @@ def test_no_page_shows_this_machines_paths(smoke_book):
 def test_the_book_rebuilds_from_executed_chapters_without_running_them(smoke_book):
     """After `depthkit run NN --model other`, `depthkit book --no-execute` puts that
     page into the HTML as it is; chapter 07 runs again only if results changed."""
-    from depthkit import book
+    from depthkit.book import runner as book
 
     index, results = smoke_book
     root = index.parent.parent.parent

@@ -8,9 +8,10 @@ import json
 
 import pytest
 
-from depthkit import data, pos
+from depthkit import data
+from depthkit.analyses import part_of_speech
 from depthkit.chapters import NOTEBOOK_DIR, ch00_lenses, ch01_guess_then_refine
-from depthkit.tuned_lens import get_tuned_lens
+from depthkit.lens import get_tuned_lens
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +65,7 @@ def test_chapter_00_evaluation_prompts_avoid_every_lens(lens_digests):
 
 def test_chapter_04_passages_avoid_lens_training_text(lens_digests, tmp_path, monkeypatch):
     monkeypatch.setenv("DEPTHKIT_CACHE", str(tmp_path))
-    ex = pos.pos_examples("embedded", 20, ["DET", "NOUN"], progress=False)
+    ex = part_of_speech.pos_examples("embedded", 20, ["DET", "NOUN"], progress=False)
     passages = data.wikipedia_passages("analysis")
     sources = [passages[i] for i in ex["passage_id"]]
     assert all(s[c:].lstrip().startswith(a.strip()) or a.strip() in s for s, c, a in zip(sources, ex["char_start"], ex["answer"]))

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from depthkit import data
-from depthkit.data import DataError
+from depthkit.data.embedded import DataError
 
 # ---------------------------------------------------------------- embedded sets
 

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 import depthkit as dk
-from depthkit.depth_score import (
+from depthkit.analyses.depth_score import (
     deep_thinking_ratio,
     depth_scores,
     exit_sweep,
@@ -19,9 +19,9 @@ from depthkit.depth_score import (
     token_pos,
     verify_exit,
 )
-from depthkit.lenses import LogitLens
-from depthkit.models import ModelInfo, tokenizer_of
-from depthkit.residual import passage_items
+from depthkit.analyses.residual import passage_items
+from depthkit.engine.models import ModelInfo
+from depthkit.lens.base import LogitLens
 
 # Four predicted tokens of a 4-block model, layers 0..4 (layer 4 = model output).
 # (item, position, top-1 per layer, top-1 prob per layer, rank of the final token, true next)
@@ -155,7 +155,7 @@ def test_token_pos_alignment(tiny_llama):
     text = TEXTS[0]
     items = passage_items(tiny_llama, [text], max_tokens=64, min_tokens=4)
     got = token_pos(tiny_llama, items, [text], nlp=_FakeNLP())
-    tok = tokenizer_of(tiny_llama)
+    tok = tiny_llama.tokenizer
     ids = items[0].tokens
     # independent offsets: the decoded pieces of this byte-level BPE concatenate to the text
     pieces = [tok.decode([i]) for i in ids]
@@ -182,7 +182,7 @@ def test_thresholds_are_chosen_on_one_half_and_measured_on_the_other():
                         rows("oracle (d_sat)", [np.nan], [1.0], [0.5])])
     report = pd.concat([rows("confidence", [0.5, 0.9], [0.5, 0.95], [0.3, 0.6]), rows("fixed", [1.0, 4.0], [0.6, 1.0], [0.25, 1.0]),
                         rows("oracle (d_sat)", [np.nan], [1.0], [0.55])])
-    from depthkit.depth_score import held_out_saving
+    from depthkit.analyses.depth_score import held_out_saving
 
     s = held_out_saving(select, report, 0.99).set_index("policy")
     assert s.loc["confidence", "param"] == 0.5 and s.loc["confidence", "agreement_select"] == 1.0

@@ -21,7 +21,8 @@ import yaml
 from conftest import ToyChapter, book_root_copy, toy_notebook
 
 import depthkit as dk
-from depthkit import book, frequency, metrics
+from depthkit.analyses import frequency, summaries
+from depthkit.book import runner as book
 from depthkit.exercises import CHECKS, ExerciseError, pages, practice_model, solutions
 from depthkit.exercises import check_flip_rate as flips
 from depthkit.exercises import check_frequency_bucket as buckets
@@ -379,14 +380,14 @@ def test_bucket_and_flip_solutions_match_depthkit() -> None:
     for seed in range(3):
         freq, steps = _synthetic_steps(seed=seed, n_items=30 + 10 * seed)
         ours = S.flip_rate(steps).astype({"bucket": str}).sort_values(["layer", "bucket"]).reset_index(drop=True)
-        ref = metrics.flip_rates(steps[["item", "layer", "top1_id"]], freq).astype({"bucket": str})
+        ref = summaries.flip_rates(steps[["item", "layer", "top1_id"]], freq).astype({"bucket": str})
         ref = ref.sort_values(["layer", "bucket"]).reset_index(drop=True)
         pd.testing.assert_frame_equal(ours[["layer", "bucket", "flip_rate"]], ref[["layer", "bucket", "flip_rate"]])
 
 
 def test_patch_solution_matches_depthkit_patching() -> None:
-    from depthkit.capture import Item, residual_rows
-    from depthkit.patching import patched_logits
+    from depthkit.analyses.patching import patched_logits
+    from depthkit.engine.capture import Item, residual_rows
 
     model = practice_model("llama")
     n = int(model.cfg.n_layers)
@@ -402,7 +403,7 @@ def test_onset_solution_matches_depthkit() -> None:
     rows = [{"item": i, "layer": layer, "rank": int(r)} for i in range(300) for layer, r in enumerate(rng.integers(1, 30, 2 + i % 9))]
     frame = pd.DataFrame(rows)
     for k in (1, 5, 20):
-        ref = metrics.onset_layers(frame, [k], first_layer=metrics.FIRST_DEPTH_LAYER).set_index("item")["onset"]
+        ref = summaries.onset_layers(frame, [k], first_layer=summaries.FIRST_DEPTH_LAYER).set_index("item")["onset"]
         ours = [S.onset_layer(g.sort_values("layer")["rank"].tolist(), k) for _, g in frame.groupby("item")]
         assert [None if np.isnan(v) else int(v) for v in ref] == ours
 

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import depthkit as dk
-from depthkit.explorer import Explorer, ExplorerInputError, ExplorerWidget, explore
-from depthkit.lens_data import resolve_config
-from depthkit.lens_store import lens_path, save_lens
-from depthkit.lenses import TunedLens
-from depthkit.trajectories import Item
+from depthkit.lens.base import TunedLens
+from depthkit.lens.store import lens_path, save_lens
+from depthkit.lens.training_data import resolve_config
+from depthkit.lens.trajectories import Item
+from depthkit.plots.explorer import Explorer, ExplorerInputError, ExplorerWidget, explore
 
 PROMPT = "The capital of France is"
 

@@ -27,7 +27,7 @@ import pytest
 from test_book_browser import CHROMIUM, CHROMIUM_ARGS, _require_browser
 
 import depthkit as dk
-from depthkit.explorer import Explorer, _shown
+from depthkit.plots.explorer import Explorer, _shown
 
 pytestmark = pytest.mark.slow
 

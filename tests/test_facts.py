@@ -11,7 +11,7 @@ import torch
 
 import depthkit as dk
 from depthkit import data as dkdata
-from depthkit.facts import (
+from depthkit.analyses.facts import (
     answer_ranks,
     continuation,
     fact_items,

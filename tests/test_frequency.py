@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from depthkit import frequency as F
+from depthkit.analyses import frequency as F
+from depthkit.data import token_counts
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def word_tokenizer():
 def tiny_tokenizer():
     from transformers import AutoTokenizer
 
-    from depthkit.models import tiny_tokenizer_dir
+    from depthkit.engine.models import tiny_tokenizer_dir
 
     return AutoTokenizer.from_pretrained(tiny_tokenizer_dir())
 
@@ -64,7 +65,7 @@ def test_ranks_match_an_independent_count_with_the_tiny_bpe(tiny_tokenizer, tmp_
 
 def test_default_corpus_is_the_embedded_wikipedia(word_tokenizer, tmp_path):
     freq = F.token_frequencies(word_tokenizer, cache_dir=tmp_path)
-    from depthkit.data import wikipedia_passages
+    from depthkit.data.embedded import wikipedia_passages
 
     words = Counter(w for p in wikipedia_passages() for w in p.split())
     assert freq.loc[2, "count"] == words["a"]  # the WordLevel tokenizer splits on whitespace only
@@ -80,7 +81,7 @@ def test_cache_is_reused_and_keyed_by_tokenizer_and_corpus(word_tokenizer, tiny_
         raise AssertionError("the cache should have been used")
 
     with monkeypatch.context() as m:
-        m.setattr(F, "_encode", no_encoding)
+        m.setattr(token_counts, "_encode", no_encoding)
         pd.testing.assert_frame_equal(F.token_frequencies(word_tokenizer, texts, cache_dir=tmp_path), first)
     other_corpus = F.token_frequencies(word_tokenizer, ["a b a", "c c"], cache_dir=tmp_path)
     assert other_corpus.loc[4, "count"] == 2
@@ -139,7 +140,7 @@ def test_bucket_of_edges():
 
 def hand_freq(counts):
     """A frequency table from counts listed by token id."""
-    return F._frequency_frame(np.asarray(counts, dtype=np.int64))
+    return token_counts._frequency_frame(np.asarray(counts, dtype=np.int64))
 
 
 def test_equal_mass_edges_on_hand_counts():
@@ -195,9 +196,8 @@ def test_bigram_successors_by_hand(word_tokenizer, tmp_path):
 
 @pytest.mark.integration
 def test_smollm2_corpus_shares_are_in_the_papers_range(smollm2, tmp_path):
-    from depthkit.models import tokenizer_of
 
-    tok = tokenizer_of(smollm2)
+    tok = smollm2.tokenizer
     freq = F.token_frequencies(tok, cache_dir=tmp_path)
     assert len(freq) == len(tok) == 49152
     share = F.corpus_share_of_top(freq).set_index("top_k")["share"]

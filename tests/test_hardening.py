@@ -16,12 +16,12 @@ import pytest
 import torch
 
 import depthkit as dk
-from depthkit.data import DataError, load_records
-from depthkit.models import ModelLoadError
-from depthkit.params import Param, ParameterError, check_params
-from depthkit.results import ResultsError, RunRecorder, load_run
-from depthkit.trajectories import BYTES_PER_VOCAB_ENTRY, PromptTooLongError, answer_token_ids, decode_residuals
-from depthkit.tuned_lens import LensFileError, TunedLens, load_lens, save_lens
+from depthkit.core.params import Param, ParameterError, check_params
+from depthkit.core.results import ResultsError, RunRecorder, load_run
+from depthkit.data.embedded import DataError, load_records
+from depthkit.engine.models import ModelLoadError
+from depthkit.lens import LensFileError, TunedLens, load_lens, save_lens
+from depthkit.lens.trajectories import BYTES_PER_VOCAB_ENTRY, PromptTooLongError, answer_token_ids, decode_residuals
 
 
 class Pickled:
@@ -179,7 +179,7 @@ def test_no_pickle_loading_anywhere_in_depthkit():
 
 
 def test_trust_remote_code_is_off_unless_asked(monkeypatch):
-    import depthkit.models as models
+    import depthkit.engine.models as models
 
     seen = {}
 

@@ -8,9 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from depthkit import choice_sets
 from depthkit import data as dkdata
-from depthkit.mcq import (
+from depthkit.analyses.mcq import (
     SYMBOLS,
     WORD_TASKS,
     Example,
@@ -25,6 +24,7 @@ from depthkit.mcq import (
     per_item,
     render,
 )
+from depthkit.data import choice_sets
 
 
 def _frame(spec):

@@ -1,4 +1,4 @@
-"""depthkit.metrics on hand-made frames whose answers are worked out by hand."""
+"""depthkit.analyses.summaries on hand-made frames whose answers are worked out by hand."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from depthkit import metrics, stats
-from depthkit.frequency import BUCKETS
+from depthkit import stats
+from depthkit.analyses import summaries
+from depthkit.analyses.frequency import BUCKETS
 
 TOP, B100, B1000, REST = BUCKETS
 
@@ -36,7 +37,7 @@ def _share(df, layer, bucket, col="share"):
 
 
 def test_bucket_shares_by_hand():
-    s = metrics.bucket_shares(STEPS, FREQ)
+    s = summaries.bucket_shares(STEPS, FREQ)
     assert len(s) == 3 * 4  # every (layer, bucket) pair, zeros included
     # layer 0: ids 5, 3, 500, 1 -> three in the Top-10, one in 101-1000
     assert _share(s, 0, TOP) == 0.75
@@ -53,7 +54,7 @@ def test_bucket_shares_by_hand():
 
 
 def test_bucket_shares_bootstrap_bounds_bracket_share():
-    s = metrics.bucket_shares(STEPS, FREQ, n_boot=200, seed=1, min_n=1)
+    s = summaries.bucket_shares(STEPS, FREQ, n_boot=200, seed=1, min_n=1)
     assert (s["lo"] <= s["share"] + 1e-12).all() and (s["share"] <= s["hi"] + 1e-12).all()
     # a bucket that no prompt is in: 0 of 4, whose exact binomial upper bound is 1 - 0.025^(1/4), not a zero-width 0–0
     empty = s[(s["layer"] == 0) & (s["bucket"] == REST)]
@@ -62,7 +63,7 @@ def test_bucket_shares_bootstrap_bounds_bracket_share():
 
 def test_equal_mass_buckets_are_used_when_edges_given():
     edges = [0, 2, 50, 2000]  # buckets "Top 1-2" (ids 0-1), "3-50" (ids 2-49), "51+"
-    s = metrics.bucket_shares(STEPS, FREQ, edges=edges)
+    s = summaries.bucket_shares(STEPS, FREQ, edges=edges)
     cats = list(s["bucket"].cat.categories)
     assert len(cats) == 3
     # layer 0: ids 5, 3, 500, 1 -> ranks 6, 4, 501, 2 -> buckets 2nd, 2nd, 3rd, 1st
@@ -70,7 +71,7 @@ def test_equal_mass_buckets_are_used_when_edges_given():
 
 
 def test_flip_rates_by_hand():
-    f = metrics.flip_rates(STEPS, FREQ)
+    f = summaries.flip_rates(STEPS, FREQ)
     # layer 0: Top-10 guesses are items 0 (5 -> 7 flips), 1 (3 = 3), 3 (1 -> 20 flips)
     assert _share(f, 0, TOP, "flip_rate") == pytest.approx(2 / 3)
     assert _share(f, 0, TOP, "n") == 3 and _share(f, 0, TOP, "n_flipped") == 2
@@ -88,11 +89,11 @@ def test_flip_rates_against_a_given_final_prediction():
     # Say the model's own top-1 for item 1 were 4 instead of 3: its layer-0 and layer-1
     # guess (3) now flips, and so does the deepest lens reading.
     final = pd.DataFrame({"item": [0, 1, 2, 3], "position": 9, "token_id": [7, 4, 60, 20]})
-    f = metrics.flip_rates(STEPS, FREQ, final=final)
+    f = summaries.flip_rates(STEPS, FREQ, final=final)
     assert _share(f, 0, TOP, "flip_rate") == 1.0
     assert _share(f, 2, TOP, "flip_rate") == 0.5
     with pytest.raises(ValueError, match="cover every item"):
-        metrics.flip_rates(STEPS, FREQ, final=final.iloc[:3])
+        summaries.flip_rates(STEPS, FREQ, final=final.iloc[:3])
 
 
 def test_agreement_by_layer_by_hand():
@@ -103,7 +104,7 @@ def test_agreement_by_layer_by_hand():
             {"item": 3, "position": 9, "guess": "bigram", "token_id": 20},
         ]
     )
-    a = metrics.agreement_by_layer(STEPS, guesses)
+    a = summaries.agreement_by_layer(STEPS, guesses)
     uni = a[a["guess"] == "unigram"].set_index("layer")
     assert uni["share"].tolist() == [0.25, 0.25, 0.25]  # only item 1 says 3
     bi = a[a["guess"] == "bigram"].set_index("layer")
@@ -112,14 +113,14 @@ def test_agreement_by_layer_by_hand():
 
 
 def test_log_grid():
-    assert metrics.log_grid(10000, 4) == [1, 2, 3, 6, 10, 18, 32, 56, 100, 178, 316, 562, 1000, 1778, 3162, 5623, 10000]
-    assert metrics.log_grid(100, 1) == [1, 10, 100]
-    assert metrics.log_grid(50, 1) == [1, 10, 50]
-    assert metrics.log_grid(1) == [1]
+    assert summaries.log_grid(10000, 4) == [1, 2, 3, 6, 10, 18, 32, 56, 100, 178, 316, 562, 1000, 1778, 3162, 5623, 10000]
+    assert summaries.log_grid(100, 1) == [1, 10, 100]
+    assert summaries.log_grid(50, 1) == [1, 10, 50]
+    assert summaries.log_grid(1) == [1]
     with pytest.raises(ValueError, match="max_k"):
-        metrics.log_grid(0)
+        summaries.log_grid(0)
     with pytest.raises(ValueError, match="per_decade"):
-        metrics.log_grid(100, 0)
+        summaries.log_grid(100, 0)
 
 
 RANKS = {0: [50, 3, 1, 2], 1: [100, 200, 20, 5]}
@@ -134,7 +135,7 @@ KS = [1, 2, 3, 5, 10, 50, 100]
 
 
 def test_onset_layers_by_hand():
-    o = metrics.onset_layers(TARGETS, KS)
+    o = summaries.onset_layers(TARGETS, KS)
     assert list(o.columns) == ["item", "position", "k", "onset"]
     got = o.pivot(index="item", columns="k", values="onset")
     np.testing.assert_array_equal(got.loc[0].to_numpy(), [2, 2, 1, 1, 1, 0, 0])
@@ -144,29 +145,29 @@ def test_onset_layers_by_hand():
 def test_onset_is_earliest_not_last_entry():
     # rank 1 at layer 1, lost at layer 2, back at 3: the onset is layer 1
     t = pd.DataFrame({"item": 0, "layer": [0, 1, 2, 3], "rank": [9, 1, 4, 1]})
-    o = metrics.onset_layers(t, [1, 4, 9])
+    o = summaries.onset_layers(t, [1, 4, 9])
     assert o["onset"].tolist() == [1, 1, 0]
 
 
 def test_onset_layers_needs_one_target():
     both = pd.concat([TARGETS, TARGETS.assign(target="final")])
     with pytest.raises(ValueError, match="several targets"):
-        metrics.onset_layers(both, KS)
-    picked = metrics.onset_layers(both, KS, target="answer")
-    pd.testing.assert_frame_equal(picked, metrics.onset_layers(TARGETS, KS))
+        summaries.onset_layers(both, KS)
+    picked = summaries.onset_layers(both, KS, target="answer")
+    pd.testing.assert_frame_equal(picked, summaries.onset_layers(TARGETS, KS))
     with pytest.raises(ValueError, match="No target"):
-        metrics.onset_layers(both, KS, target="gold")
+        summaries.onset_layers(both, KS, target="gold")
 
 
 def test_onset_curve_by_hand():
-    o = metrics.onset_layers(TARGETS, KS)
-    c = metrics.onset_curve(o).set_index("k")
+    o = summaries.onset_layers(TARGETS, KS)
+    c = summaries.onset_curve(o).set_index("k")
     assert c.loc[1, "mean_onset"] == 2.0 and c.loc[1, "n_reached"] == 1 and c.loc[1, "n_items"] == 2
     assert c.loc[5, "mean_onset"] == 2.0 and c.loc[5, "n_reached"] == 2  # (1 + 3) / 2
     assert c.loc[50, "mean_onset"] == 1.0  # (0 + 2) / 2
     # grouped
     o = o.merge(pd.DataFrame({"item": [0, 1], "tag": ["DET", "NOUN"]}), on="item")
-    g = metrics.onset_curve(o, by=["tag"], n_boot=50, min_n=1)
+    g = summaries.onset_curve(o, by=["tag"], n_boot=50, min_n=1)
     noun = g[g["tag"] == "NOUN"].set_index("k")
     assert np.isnan(noun.loc[1, "mean_onset"]) and noun.loc[1, "n_reached"] == 0
     assert noun.loc[5, "mean_onset"] == 3.0 and noun.loc[5, "lo"] == 3.0 and noun.loc[5, "hi"] == 3.0
@@ -219,11 +220,11 @@ def test_bootstrap_ci_by_groups():
 
 
 def test_rank_bins():
-    b = metrics.rank_bins([1, 10, 11, 30, 31, 3000, 3001])
+    b = summaries.rank_bins([1, 10, 11, 30, 31, 3000, 3001])
     assert list(b.codes) == [0, 0, 1, 1, 2, 5, 6]
     assert list(b.categories) == ["1-10", "11-30", "31-100", "101-300", "301-1000", "1001-3000", ">3000"]
     with pytest.raises(ValueError, match="increasing"):
-        metrics.rank_bins([1], edges=[10, 5])
+        summaries.rank_bins([1], edges=[10, 5])
 
 
 def test_stratified_difference_by_hand():
@@ -246,9 +247,9 @@ def test_stratified_difference_by_hand():
 
 def test_bad_input_messages():
     with pytest.raises(ValueError, match="lacks column"):
-        metrics.bucket_shares(STEPS.drop(columns="top1_id"), FREQ)
+        summaries.bucket_shares(STEPS.drop(columns="top1_id"), FREQ)
     with pytest.raises(ValueError, match="empty"):
-        metrics.bucket_shares(STEPS.iloc[:0], FREQ)
+        summaries.bucket_shares(STEPS.iloc[:0], FREQ)
 
 
 def test_adjusted_difference_recovers_a_known_effect():
@@ -284,12 +285,12 @@ def test_adjusted_difference_recovers_a_known_effect():
     ],
 )
 def test_layers_later_words_the_sign(diff: float, than: str | None, expected: str) -> None:
-    assert metrics.layers_later(diff, than) == expected
+    assert summaries.layers_later(diff, than) == expected
 
 
 def test_layers_later_refuses_nan() -> None:
     with pytest.raises(ValueError, match="No layer difference"):
-        metrics.layers_later(float("nan"))
+        summaries.layers_later(float("nan"))
 
 
 # --------------------------------------------------------------------------- the one bootstrap (depthkit.stats)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import depthkit as dk
-from depthkit.models import ModelLoadError, _build_tiny, tokenizer_of
+from depthkit.engine.models import ModelLoadError, _build_tiny
 
 
 def test_unknown_name_lists_embedded_models_and_hints_hub_ids():
@@ -27,7 +27,7 @@ def test_tiny_models_describe_themselves(tiny_models, arch):
     info = dk.model_info(tiny_models[arch])
     assert info.source == "tiny" and info.quantisation == "none"
     assert info.n_blocks == 4 and info.d_model == 64
-    assert info.d_vocab == len(tokenizer_of(tiny_models[arch]))
+    assert info.d_vocab == len(tiny_models[arch].tokenizer)
 
 
 def test_tiny_models_are_deterministic_under_seed():
@@ -66,7 +66,7 @@ def test_smollm2_loads_offline_and_continues_capital_of_france(smollm2):
     ids = torch.tensor([dk.encode(smollm2, "The capital of France is")])
     with torch.no_grad():
         top = smollm2(ids)[0, -1].argmax().item()
-    assert tokenizer_of(smollm2).decode([top]) == " Paris"
+    assert smollm2.tokenizer.decode([top]) == " Paris"
 
 
 # --------------------------------------------------------------------------- precision and placement
@@ -77,7 +77,7 @@ def test_tiny_model_in_half_precision_on_cpu(dtype):
     import torch
 
     import depthkit as dk
-    from depthkit.lenses import LogitLens
+    from depthkit.lens.base import LogitLens
 
     try:
         m = dk.load_model("tiny-llama", dtype=dtype, device="cpu")
@@ -115,7 +115,7 @@ def test_bad_precision_or_placement_is_refused_clearly(kwargs, words):
 
 def test_chapter_parameters_reach_load_model(tmp_path):
     import depthkit as dk
-    from depthkit.book import chapter_params
+    from depthkit.book.runner import chapter_params
     from depthkit.chapters import chapter
 
     p = chapter_params(chapter("01"), "tiny-gpt2", tmp_path, extra={"dtype": "float16", "device": "cpu"})
@@ -123,33 +123,34 @@ def test_chapter_parameters_reach_load_model(tmp_path):
     assert next(m.parameters()).dtype.is_floating_point and str(next(m.parameters()).dtype) == "torch.float16"
 
 
-def test_what_depthkit_knows_lives_beside_the_model_not_on_it():
-    import gc
-
-    from depthkit import handles
-    from depthkit.models import tokenizer_of
+def test_the_model_handle_carries_the_bridge_its_info_and_its_tokenizer():
+    from depthkit.engine.handle import Model
 
     model = dk.load_model("tiny-gpt2")
-    assert not [a for a in vars(model) if a.startswith("depthkit")]  # nothing patched onto the bridge
-    assert dk.model_info(model).name == "tiny-gpt2" and tokenizer_of(model) is handles.tokenizer_registered(model)
-    gc.collect()  # models earlier tests dropped, held only by reference cycles, go first
-    n = len(handles._LOADED)
-    del model
-    gc.collect()
-    assert len(handles._LOADED) == n - 1  # a dropped model takes its record with it
-    with pytest.raises(ValueError, match="not loaded with depthkit.load_model"):
-        dk.model_info(torch.nn.Linear(2, 2))
-    assert handles.info_of("smollm2-135m") is None  # names are not models
+    assert isinstance(model, Model) and type(model.bridge).__name__ == "TransformerBridge"
+    assert not [a for a in vars(model.bridge) if a.startswith("depthkit")]  # nothing patched onto the bridge
+    assert dk.model_info(model) is model.info and model.info.n_blocks == model.bridge.cfg.n_layers
+    # depthkit encodes with the family's own tokenizer, not the bridge's BOS-prepending copy.
+    assert model.tokenizer is not model.bridge.tokenizer
+    # TransformerLens habits work on the handle: attributes and calls go to the bridge.
+    tokens = model.bridge.to_tokens("Paris")
+    assert model.cfg is model.bridge.cfg and torch.equal(model(tokens), model.bridge(tokens))
+    with pytest.raises(AttributeError):
+        _ = model.no_such_attribute
+    assert "tiny-gpt2" in repr(model)
+    for not_a_model in (torch.nn.Linear(2, 2), "smollm2-135m", model.bridge):
+        with pytest.raises(TypeError, match="dk.load_model"):
+            dk.model_info(not_a_model)
 
 
 def test_embedded_model_loads_from_its_converted_copy_and_rebuilds_a_broken_one(tmp_path, monkeypatch):
     import copy
     import warnings
 
-    from depthkit import models
+    from depthkit.engine import converted
 
     monkeypatch.setenv("DEPTHKIT_CACHE", str(tmp_path))
-    real, parsed, calls = models._load_gguf, [], []
+    real, parsed, calls = converted._load_gguf, [], []
 
     def gguf_once(name):
         # Parsing the GGUF file takes ~30 s here; the rebuild below reuses the first parse.
@@ -159,14 +160,14 @@ def test_embedded_model_loads_from_its_converted_copy_and_rebuilds_a_broken_one(
         model, tok = parsed[0]
         return copy.deepcopy(model), tok
 
-    monkeypatch.setattr(models, "_load_gguf", gguf_once)
+    monkeypatch.setattr(converted, "_load_gguf", gguf_once)
     text = "The capital of France is Paris.\n\nQuestion: 2+2?\nAnswer:"
     stale = tmp_path / "models" / "smollm2-135m-000000000000"  # from an older transformers, say
     stale.mkdir(parents=True)
     (stale / "model.safetensors").write_bytes(b"old")
     first = dk.load_model("smollm2-135m")
-    folder = models.converted_dir("smollm2-135m")
-    assert calls == ["smollm2-135m"] and (folder / models._COMPLETE).is_file()
+    folder = converted.converted_dir("smollm2-135m")
+    assert calls == ["smollm2-135m"] and (folder / converted._COMPLETE).is_file()
     assert folder.parent == tmp_path / "models" and not list(folder.parent.glob(".*.tmp"))
     assert not stale.exists()  # only the copy that can still be read is kept
 
@@ -177,8 +178,8 @@ def test_embedded_model_loads_from_its_converted_copy_and_rebuilds_a_broken_one(
     assert dk.model_info(second) == dk.model_info(first)
     a, b = first.state_dict(), second.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert tokenizer_of(first)(text)["input_ids"] == tokenizer_of(second)(text)["input_ids"]
-    ids = tokenizer_of(first)(text, return_tensors="pt")["input_ids"]
+    assert first.tokenizer(text)["input_ids"] == second.tokenizer(text)["input_ids"]
+    ids = first.tokenizer(text, return_tensors="pt")["input_ids"]
     with torch.no_grad():
         assert torch.equal(first(ids), second(ids))
 
@@ -194,7 +195,7 @@ def test_embedded_model_loads_from_its_converted_copy_and_rebuilds_a_broken_one(
 def test_a_copy_that_cannot_be_written_leaves_nothing_behind(tmp_path, monkeypatch, tiny_llama):
     import safetensors.torch
 
-    from depthkit import models
+    from depthkit.engine import converted
 
     def full_disk(*a, **k):
         raise OSError(28, "No space left on device")
@@ -202,5 +203,5 @@ def test_a_copy_that_cannot_be_written_leaves_nothing_behind(tmp_path, monkeypat
     monkeypatch.setattr(safetensors.torch, "save_model", full_disk)
     target = tmp_path / "models" / "copy"
     with pytest.warns(UserWarning, match="Could not keep a converted copy.*No space left"):
-        models._save_converted(tiny_llama.original_model, tokenizer_of(tiny_llama), target)
+        converted._save_converted(tiny_llama.bridge.original_model, tiny_llama.tokenizer, target)
     assert not target.exists() and not list(target.parent.iterdir())

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import math
 
-from depthkit import narrate
-from depthkit.stats import MIN_N
+from depthkit.stats import MIN_N, narrate
 
 LATER = dict(more="later", less="earlier", than="function words", subject="content words")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from depthkit.params import Param, ParameterError, check_params
+from depthkit.core.params import Param, ParameterError, check_params
 
 
 def test_valid_values_are_converted_and_ordered_by_spec():

@@ -9,11 +9,8 @@ import pytest
 import torch
 
 import depthkit as dk
-from depthkit.capture import Item, collect_residuals, copy_attention_mask
-from depthkit.early_exit import early_exit_table, exit_logits
-from depthkit.lenses import LogitLens
-from depthkit.models import _build_tiny
-from depthkit.patching import (
+from depthkit.analyses.early_exit import early_exit_table, exit_logits
+from depthkit.analyses.patching import (
     class_shares,
     different_answer_sources,
     final_tokens,
@@ -21,6 +18,9 @@ from depthkit.patching import (
     patching_sweep,
     transition_layer,
 )
+from depthkit.engine.capture import Item, collect_residuals, copy_attention_mask
+from depthkit.engine.models import _build_tiny
+from depthkit.lens.base import LogitLens
 
 SOURCES = ["The cat sat on the mat and", "Water boils at one hundred", "A quick brown fox"]
 TARGETS = ["In 1905 Albert Einstein wrote", "The dog lay by the door of the", "Paris is a city"]

@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
-from depthkit import precision
-from depthkit.tuned_lens import train_tuned_lens
+from depthkit.engine import precision
+from depthkit.lens import train_tuned_lens
 
 CRASH = "import os, signal; os.kill(os.getpid(), signal.SIGFPE)"
 WRONG = 'import json; print(json.dumps({"max_rel_error": 0.9, "t_bf16": 1.0, "t_f32": 3.0}))'

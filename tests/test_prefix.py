@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import depthkit as dk
-from depthkit.capture import Item, collect_residuals, patched_final_residuals, residual_hook_names, shared_prefix_groups
-from depthkit.prefix import common_prefix_length, encode_prefix
+from depthkit.engine.capture import Item, collect_residuals, patched_final_residuals, residual_hook_names, shared_prefix_groups
+from depthkit.engine.prefix import common_prefix_length, encode_prefix
 
 ARCHS = ("llama", "gpt2", "neox", "gemma3")
 
@@ -100,7 +100,7 @@ def test_patched_runs_equal_an_uncached_hooked_run(tiny_models, arch):
 
 
 def test_embedded_model_patched_mcq_prompts_equal_uncached(smollm2):
-    from depthkit import mcq
+    from depthkit.analyses import mcq
 
     # Two few-shot prompts sharing their demonstrations: the shared prefix, the
     # per-target context and the copies of the last token all take part.
@@ -110,7 +110,7 @@ def test_embedded_model_patched_mcq_prompts_equal_uncached(smollm2):
 
 
 def test_embedded_model_mcq_prompts_cached_equal_uncached(smollm2):
-    from depthkit import mcq
+    from depthkit.analyses import mcq
 
     prompts = mcq.build_prompts("sst2", 6, shots=2, seed=0)
     items = dk.make_items(smollm2, list(prompts["prompt"]))

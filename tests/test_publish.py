@@ -1,4 +1,4 @@
-"""Publishing the built book onto gh-pages (depthkit.publish), against a local bare
+"""Publishing the built book onto gh-pages (depthkit.book.publish), against a local bare
 repository, and the GitHub Pages workflow."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from depthkit.book import BookError
-from depthkit.publish import publish_book
+from depthkit.book.publish import publish_book
+from depthkit.book.runner import BookError
 
 REPO = Path(__file__).resolve().parent.parent
 

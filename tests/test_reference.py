@@ -12,9 +12,11 @@ import pytest
 import yaml
 from conftest import ToyChapter, toy_notebook
 
-from depthkit import book_pages, book_site, reference, stamps
-from depthkit.book_site import BookError
-from depthkit.results import RunRecorder, load_run
+from depthkit.book import pages as book_pages
+from depthkit.book import reference, stamps
+from depthkit.book import site as book_site
+from depthkit.book.site import BookError
+from depthkit.core.results import RunRecorder, load_run
 
 MODEL = "gemma3-270m"
 

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 import torch
 
-from depthkit.lenses import LogitLens
-from depthkit.residual import passage_items, skip_block_effects, split_estimator, update_stats
+from depthkit.analyses.residual import passage_items, skip_block_effects, split_estimator, update_stats
+from depthkit.lens.base import LogitLens
 from depthkit.stats import curve_estimate as bootstrap_layer
 from depthkit.stats import knee, settling_layer, two_segment_fit
 
@@ -131,7 +131,7 @@ def test_update_norms_match_hf_hidden_states(tiny_llama):
 
 
 def test_skipping_last_block_gives_logit_lens_of_previous_layer(tiny_llama):
-    from depthkit.capture import collect_residuals
+    from depthkit.engine.capture import collect_residuals
 
     items = passage_items(tiny_llama, TEXTS, max_tokens=20, min_tokens=4)
     n = tiny_llama.cfg.n_layers
@@ -159,7 +159,7 @@ def test_skipping_last_block_gives_logit_lens_of_previous_layer(tiny_llama):
 
 
 def test_phase_change_ignores_edge_blocks_and_fits_log_rate():
-    from depthkit.residual import phase_change
+    from depthkit.analyses.residual import phase_change
 
     blocks = np.arange(20)
     rows = []
@@ -172,7 +172,7 @@ def test_phase_change_ignores_edge_blocks_and_fits_log_rate():
 
 
 def test_sample_passages():
-    from depthkit.residual import sample_passages
+    from depthkit.analyses.residual import sample_passages
 
     texts = ["x" * 500 + str(i) for i in range(10)] + ["short"] + ["x" * 500 + "0"]
     got = sample_passages(texts, 5, seed=1)

@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from depthkit.models import ModelInfo
-from depthkit.results import ResultsError, RunRecorder, list_runs, load_run, model_slug
+from depthkit.core.results import ResultsError, RunRecorder, list_runs, load_run, model_slug
+from depthkit.engine.models import ModelInfo
 
 INFO = ModelInfo(
     name="org/Test-Model",
@@ -119,7 +119,7 @@ def test_crash_between_table_writes_keeps_previous_run(tmp_path):
     script = textwrap.dedent(
         f"""
         import os, pandas as pd
-        from depthkit.results import RunRecorder
+        from depthkit.core.results import RunRecorder
         rec = RunRecorder({CHAPTER!r}, {{"name": "org/Test-Model"}}, {{"k": 9}}, 0, root={str(tmp_path)!r})
         rec.table("steps", pd.DataFrame({{"layer": [9]}}))
         os._exit(3)

@@ -23,8 +23,8 @@ import pytest
 from conftest import book_root_copy
 
 from depthkit.chapters import chapter
-from depthkit.models import DEFAULT_MODEL
-from depthkit.results import load_run
+from depthkit.core.results import load_run
+from depthkit.engine.models import DEFAULT_MODEL
 
 pytestmark = pytest.mark.slow
 

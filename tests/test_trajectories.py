@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import depthkit as dk
-from depthkit.capture import Item, collect_residuals
-from depthkit.lenses import LogitLens, layer_plan
-from depthkit.trajectories import decode_residuals
+from depthkit.engine.capture import Item, collect_residuals
+from depthkit.lens.base import LogitLens, layer_plan
+from depthkit.lens.trajectories import decode_residuals
 
 PROMPTS = [
     "The cat sat on the mat",
@@ -245,7 +245,7 @@ def test_readout_into_a_buffer_is_the_unembedding_modules_product(tiny_models, a
 def test_a_reused_workspace_leaves_earlier_results_alone(tiny_llama):
     """Decoding reuses one buffer across batches: results must not depend on what it
     held before, nor change when it is written again."""
-    from depthkit.trajectories import Workspace
+    from depthkit.lens.trajectories import Workspace
 
     lens = LogitLens(tiny_llama)
     plan = layer_plan(tiny_llama.cfg.n_layers)
@@ -266,9 +266,8 @@ def test_a_reused_workspace_leaves_earlier_results_alone(tiny_llama):
 def test_statistics_taken_in_cache_sized_blocks_equal_one_pass(tiny_llama, monkeypatch):
     """Top-k, ranks, entropy and KL come out the same whatever the block of rows
     their passes work on (one row, some rows, the whole chunk)."""
-    import importlib
+    from depthkit.lens import decode as lens_decode  # where decode_residuals reads the block size
 
-    tr = importlib.import_module("depthkit.trajectories")  # the module, not dk.trajectories the function
     items = dk.make_items(tiny_llama, PROMPTS, positions="all")
     resid = collect_residuals(tiny_llama, items)
     plan = layer_plan(tiny_llama.cfg.n_layers)
@@ -276,7 +275,7 @@ def test_statistics_taken_in_cache_sized_blocks_equal_one_pass(tiny_llama, monke
     lens = LogitLens(tiny_llama)
     runs = []
     for rows in (1, 3, 10**6):
-        monkeypatch.setattr(tr, "STAT_BLOCK_BYTES", rows * lens.d_vocab * 4)
+        monkeypatch.setattr(lens_decode, "STAT_BLOCK_BYTES", rows * lens.d_vocab * 4)
         runs.append(decode_residuals(lens, plan, resid, extra, top_k=4))
     for other in runs[1:]:
         for name in ("top_ids", "target_rank", "final_top1"):

@@ -9,10 +9,7 @@ import pytest
 import torch
 
 import depthkit as dk
-from depthkit.lens_store import resolve_lens
-from depthkit.lenses import LogitLens, Readout
-from depthkit.trajectories import trajectories
-from depthkit.tuned_lens import (
+from depthkit.lens import (
     LensFileError,
     TunedLens,
     get_tuned_lens,
@@ -21,9 +18,12 @@ from depthkit.tuned_lens import (
     lens_path,
     load_lens,
     resolve_config,
+    resolve_lens,
     save_lens,
     train_tuned_lens,
 )
+from depthkit.lens.base import LogitLens, Readout
+from depthkit.lens.trajectories import trajectories
 
 TEXT = [
     "The river flows through the old town and past the church, where the market is held on Sundays. "
@@ -215,7 +215,7 @@ def test_get_tuned_lens_trains_once_then_reuses(model, tmp_path):
 def test_downweighting_the(model, tmp_path):
     lens = get_tuned_lens(model, budget="smoke", text=TEXT, cache_dir=tmp_path, progress=False, downweight="the")
     assert lens.meta["config"]["downweight"] == "the"
-    the = dk.models.tokenizer_of(model)(" the", add_special_tokens=False)["input_ids"]
+    the = model.tokenizer(" the", add_special_tokens=False)["input_ids"]
     assert lens.meta["downweighted_token_ids"] == the
     plain = get_tuned_lens(model, budget="smoke", text=TEXT, cache_dir=tmp_path, progress=False)
     assert plain.path != lens.path
@@ -256,7 +256,7 @@ def test_trajectory_engine_accepts_the_lens(model, trained, tmp_path, monkeypatc
 
 
 def test_bfloat16_metrics_stay_close_to_float32(model, trained):
-    from depthkit.precision import bf16_verdict
+    from depthkit.engine.precision import bf16_verdict
 
     # bfloat16 products only after the probe has seen them run on this CPU: a bad
     # kernel would kill the test process, not fail the test.
@@ -284,10 +284,10 @@ def test_gemma_family_trains_too():
 
 
 def test_compare_lenses(model, trained):
-    from depthkit.lens_compare import compare_lenses
+    from depthkit.lens.compare import compare_lenses
 
     prompts = ["The cat sat on the", "In 1905 Albert Einstein", "Water boils at"]
-    the = dk.models.tokenizer_of(model)(" the", add_special_tokens=False)["input_ids"]
+    the = model.tokenizer(" the", add_special_tokens=False)["input_ids"]
     per_layer, steps = compare_lenses(
         model, prompts, {"logit": LogitLens(model), "tuned": trained}, frequent_ids=the, progress=False
     )
@@ -310,7 +310,7 @@ def test_adam_after_the_ridge_start_does_not_undo_it(model, trained):
 
 
 def test_compare_lenses_matches_the_trajectory_engine(model, trained):
-    from depthkit.lens_compare import compare_lenses
+    from depthkit.lens.compare import compare_lenses
 
     prompts = ["The cat sat on the", "In 1905 Albert Einstein wrote four", "Water"]
     per_layer, steps = compare_lenses(model, prompts, {"tuned": trained}, batch_size=2, progress=False)
@@ -321,8 +321,8 @@ def test_compare_lenses_matches_the_trajectory_engine(model, trained):
 
 
 def test_residual_cache_computes_residuals_once(model, monkeypatch):
-    from depthkit import lens_data
-    from depthkit.tuned_lens import ResidualCache
+    from depthkit.lens import ResidualCache
+    from depthkit.lens import training_data as lens_data
 
     builds = []
     real = lens_data.LensTrainingData.build.__func__
@@ -350,7 +350,7 @@ def test_residual_cache_computes_residuals_once(model, monkeypatch):
 
 
 def test_residual_cache_belongs_to_one_model(model, other_model, tmp_path):
-    from depthkit.tuned_lens import ResidualCache
+    from depthkit.lens import ResidualCache
 
     cache = ResidualCache(model)
     with pytest.raises(ValueError, match="another model"):
@@ -358,17 +358,17 @@ def test_residual_cache_belongs_to_one_model(model, other_model, tmp_path):
 
 
 def test_no_module_global_residual_cache():
-    import depthkit.lens_data
-    import depthkit.lens_training
-    import depthkit.tuned_lens
+    import depthkit.lens
+    import depthkit.lens.training
+    import depthkit.lens.training_data
 
-    for mod in (depthkit.tuned_lens, depthkit.lens_data, depthkit.lens_training):
+    for mod in (depthkit.lens, depthkit.lens.training_data, depthkit.lens.training):
         assert not hasattr(mod, "_RESIDUALS") and not hasattr(mod, "clear_residual_cache")
 
 
 def test_engine_calls_never_train_a_lens(model, tmp_path, monkeypatch):
     monkeypatch.setenv("DEPTHKIT_CACHE", str(tmp_path))
-    with pytest.raises(LensFileError, match=r"depthkit\.tuned_lens\.get_tuned_lens\(model\)"):
+    with pytest.raises(LensFileError, match=r"depthkit\.lens\.get_tuned_lens\(model\)"):
         resolve_lens(model, "tuned")
     with pytest.raises(LensFileError, match="never train"):
         trajectories(model, ["The cat sat on the"], lens="tuned", progress=False)
@@ -382,8 +382,8 @@ def test_engine_calls_never_train_a_lens(model, tmp_path, monkeypatch):
 def test_one_default_lens_everywhere():
     import inspect
 
-    from depthkit import early_exit, facts, mcq
-    from depthkit.lenses import DEFAULT_LENS
+    from depthkit.analyses import early_exit, facts, mcq
+    from depthkit.lens.base import DEFAULT_LENS
 
     assert DEFAULT_LENS == "logit"
     for fn in (trajectories, mcq.option_ranks, facts.answer_ranks, early_exit.exit_logits, resolve_lens, lens_for):
@@ -391,7 +391,7 @@ def test_one_default_lens_everywhere():
 
 
 def test_budget_fields_from_text_and_a_lens_from_its_file(model, tmp_path):
-    from depthkit.lens_data import parse_budget
+    from depthkit.lens.training_data import parse_budget
 
     assert parse_budget("steps=200, lr=1e-4,downweight=the") == {"steps": 200, "lr": 1e-4, "downweight": "the"}
     assert resolve_config("steps=7").steps == 7 and resolve_config("steps=7").train_tokens == resolve_config("default").train_tokens
@@ -405,7 +405,7 @@ def test_budget_fields_from_text_and_a_lens_from_its_file(model, tmp_path):
 
 @pytest.mark.parametrize("softcap", [0.0, 7.0])
 def test_kl_gradient_by_hand_matches_autograd(model, softcap):
-    from depthkit.lens_training import kl_gradient_
+    from depthkit.lens.training_steps import kl_gradient_
 
     readout = Readout(model, torch.float32)
     readout.softcap = softcap
@@ -428,13 +428,13 @@ def test_training_gradients_match_autograd_through_the_lens(model, monkeypatch, 
     """The hand-written gradient of one training step, with all layers in one
     unembedding product (default budget) or one layer per product (tiny budget),
     against autograd through the lens's own readout and log-softmax."""
-    from depthkit import lens_training
+    from depthkit.lens import training_metrics, training_steps
 
     if budget_mb is not None:
-        monkeypatch.setattr(lens_training, "LOGIT_BUDGET_MB", budget_mb)
+        monkeypatch.setattr(training_metrics, "LOGIT_BUDGET_MB", budget_mb)
     L, d, n = model.cfg.n_layers, model.cfg.d_model, 11
     want_groups = 1 if budget_mb is None else L
-    assert len(lens_training.layer_groups(L, n, model.cfg.d_vocab)) == want_groups
+    assert len(training_metrics.layer_groups(L, n, model.cfg.d_vocab)) == want_groups
     g = torch.Generator().manual_seed(0)
     lens = TunedLens(model)
     with torch.no_grad():
@@ -447,7 +447,7 @@ def test_training_gradients_match_autograd_through_the_lens(model, monkeypatch, 
     mu, sigma = torch.randn(L, d, generator=g), torch.rand(L, d, generator=g) + 0.5
     dA = (torch.randn(L, d, d, generator=g) * 0.02).requires_grad_()
     db = (torch.randn(L, d, generator=g) * 0.02).requires_grad_()
-    gA, gb, total = lens_training.kl_gradients(lens, Readout(model, torch.float32), resid, idx, w, (mu, sigma), (dA, db))
+    gA, gb, total = training_steps.kl_gradients(lens, Readout(model, torch.float32), resid, idx, w, (mu, sigma), (dA, db))
 
     p = torch.softmax(lens.readout(resid[-1, idx]), -1).detach()
     loss = torch.zeros(())

@@ -11,7 +11,7 @@ import pytest
 
 from depthkit import verdicts as vd
 from depthkit.chapters.ch01_guess_then_refine import Q_FINAL, Q_FLIP, Q_L1
-from depthkit.results import RunRecorder
+from depthkit.core.results import RunRecorder
 
 NAN = math.nan
 
@@ -363,7 +363,7 @@ def test_derived_quantities_from_saved_tables(tmp_path) -> None:
 def _mcq_run(root, L: int = 10, n: int = 40) -> None:
     """A chapter 02 run built with the chapter's own functions: options collected from
     layer 3, the answer (gold for 3 of 4 prompts) leading from layer 7 on."""
-    from depthkit import mcq
+    from depthkit.analyses import mcq
     from depthkit.chapters import ch02_mcq_collection_vs_reasoning as ch02
 
     rng = np.random.default_rng(0)

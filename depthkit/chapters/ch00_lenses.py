@@ -15,9 +15,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from depthkit import metrics, narrate, stats
+from depthkit import stats
+from depthkit.analyses import summaries
 from depthkit.chapters import HEADLINE_COLUMNS, PAPER_COLUMNS
-from depthkit.lenses import RIDGE_START
+from depthkit.lens.base import RIDGE_START
+from depthkit.stats import narrate
 
 # The paper states the lens-bias check without numbers.
 PAPER = pd.DataFrame(columns=PAPER_COLUMNS)
@@ -116,7 +118,7 @@ def eval_prompts(n_eval: int, seed: int, lenses: Sequence[Any]) -> pd.DataFrame:
 def early_layers(layers: Sequence[int], L: int) -> list[int]:
     """The first third of the depth, from layer 1 (layer 0, the embedding read
     through the lens, is no depth)."""
-    first = max(int(min(layers)), metrics.FIRST_DEPTH_LAYER)
+    first = max(int(min(layers)), summaries.FIRST_DEPTH_LAYER)
     return [int(l) for l in sorted(set(layers)) if first <= l < first + max(1, L // 3)]
 
 
@@ -126,7 +128,7 @@ def bias_table(steps: pd.DataFrame, L: int, *, n_boot: int = 1000, seed: int = 0
     share is than through the plain tuned lens, all paired over prompts and
     prompts resampled.
 
-    ``steps`` is :func:`depthkit.lens_compare.compare_lenses`'s per-prompt frame
+    ``steps`` is :func:`depthkit.lens.compare.compare_lenses`'s per-prompt frame
     (lens, item, layer, frequent, final_id) with ``final_frequent`` added."""
     early = early_layers(steps["layer"].unique(), L)
     e = steps[steps["layer"].isin(early)]
@@ -278,8 +280,8 @@ def explorer_texts(examples: Sequence[str], wikipedia: Sequence[str], n: int) ->
 def explorer_items(model: Any, texts: Sequence[str], n_positions: int = EXPLORE_POSITIONS) -> list[Any]:
     """One item per text, decoded at its last ``n_positions`` positions (the model
     still reads the whole text: only the shown grid is cut)."""
-    from depthkit.capture import Item
-    from depthkit.trajectories import encode
+    from depthkit.engine.capture import Item
+    from depthkit.lens.trajectories import encode
 
     items = []
     for text in texts:

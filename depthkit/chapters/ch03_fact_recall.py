@@ -1,5 +1,5 @@
 """Chapter 03 (multi-token fact recall): the chapter's tables beyond
-:mod:`depthkit.facts`, its generated prose, its headline quantities and the paper's
+:mod:`depthkit.analyses.facts`, its generated prose, its headline quantities and the paper's
 reference rows."""
 
 from __future__ import annotations
@@ -11,11 +11,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from depthkit import facts, metrics, narrate, stats
+from depthkit import stats
+from depthkit.analyses import facts, summaries
 from depthkit.chapters import HEADLINE_COLUMNS, PAPER_COLUMNS
+from depthkit.stats import narrate
 
 if TYPE_CHECKING:
-    from depthkit.handles import Model
+    from depthkit.engine.handle import Model
 
 # Pythia-6.9B (32 blocks): rank-1 onset of answer tokens 1, 2, 3 (the paper's figure).
 PAPER_ONSETS = {1: 27.0, 2: 20.0, 3: 12.0}
@@ -93,8 +95,8 @@ def onset_curves(onsets: pd.DataFrame, dataset: str, n_blocks: int) -> pd.DataFr
     tokens only) by answer length; ``group`` names the curve. Onsets at the output
     row are censored as in :func:`onset_k1` (``censored``: their share)."""
     sub = onsets[onsets["dataset"] == dataset]
-    c = metrics.onset_curve(sub, by=["token", "correct"], censor_at=n_blocks)
-    by_len = metrics.onset_curve(sub[sub["correct"]], by=["token", "length_group"], censor_at=n_blocks)
+    c = summaries.onset_curve(sub, by=["token", "correct"], censor_at=n_blocks)
+    by_len = summaries.onset_curve(sub[sub["correct"]], by=["token", "length_group"], censor_at=n_blocks)
     return pd.concat([
         c.assign(group="correct = " + c["correct"].astype(str)).drop(columns="correct"),
         by_len.assign(group="answer of " + by_len["length_group"].astype(str) + " tokens").drop(columns="length_group"),

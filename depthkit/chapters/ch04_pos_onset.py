@@ -1,12 +1,12 @@
-"""Chapter 04 (part of speech and depth): the onset tables beyond :mod:`depthkit.pos`
-and :mod:`depthkit.pos_filter`, the two frequency controls, the generated prose,
+"""Chapter 04 (part of speech and depth): the onset tables beyond :mod:`depthkit.analyses.part_of_speech`
+and :mod:`depthkit.analyses.part_of_speech_filter`, the two frequency controls, the generated prose,
 the headline quantities and the paper's reference rows.
 
 The unit of every interval is a passage: up to one example per tag comes from one
 passage, so the examples of a word class share passages and are resampled with them
 (examples loaded from files name no passage and are each their own unit; the
 frequency controls still resample examples). Onsets count depth from layer 1
-(:data:`depthkit.metrics.FIRST_DEPTH_LAYER`): layer 0 is the token embedding read
+(:data:`depthkit.analyses.summaries.FIRST_DEPTH_LAYER`): layer 0 is the token embedding read
 through the lens. An onset at L, the model's own output, is "not before the output":
 means are over the onsets before it, and the share at L is reported beside them.
 
@@ -26,10 +26,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from depthkit import metrics, narrate, pos, stats
+from depthkit import stats
+from depthkit.analyses import part_of_speech, summaries
+from depthkit.analyses.frequency import ranks_of
+from depthkit.analyses.part_of_speech_filter import filter_sentence
 from depthkit.chapters import HEADLINE_COLUMNS, PAPER_COLUMNS
-from depthkit.frequency import ranks_of
-from depthkit.pos_filter import filter_sentence
+from depthkit.stats import narrate
 
 # The paper's main figure: rank-1 onset near layer 5 for function words and near
 # layer 20 for content words, of 32 blocks.
@@ -50,7 +52,7 @@ MEASURES = {
 }
 
 
-def saturation_layers(targets: pd.DataFrame, ks: Sequence[int], *, first_layer: int = metrics.FIRST_DEPTH_LAYER) -> pd.DataFrame:
+def saturation_layers(targets: pd.DataFrame, ks: Sequence[int], *, first_layer: int = summaries.FIRST_DEPTH_LAYER) -> pd.DataFrame:
     """Per item and k, the earliest layer ≥ ``first_layer`` from which the target's
     rank is ≤ k at every later layer up to the last one (NaN if it is not ≤ k at the
     last layer; a layer missing for an item counts as not ≤ k). ``targets``: rows
@@ -80,9 +82,9 @@ def onsets_of(traj: Any, kept: pd.DataFrame, freq: pd.DataFrame, ks: Sequence[in
         prompt_end="…" + kept["prompt"].str[-40:],
         passage=kept["passage_id"].to_numpy() if "passage_id" in kept else np.arange(len(kept)),
     )
-    meta["freq_bin"] = metrics.rank_bins(meta["freq_rank"])
+    meta["freq_bin"] = summaries.rank_bins(meta["freq_rank"])
     answer = traj.target("answer")
-    onsets = metrics.onset_layers(answer, ks, first_layer=metrics.FIRST_DEPTH_LAYER)
+    onsets = summaries.onset_layers(answer, ks, first_layer=summaries.FIRST_DEPTH_LAYER)
     onsets = onsets.merge(saturation_layers(answer, ks), on=["item", "k"], how="left").merge(meta, on="item")
     order = [t for t in tags if t in set(kept["tag"])]
     onsets["tag"] = pd.Categorical(onsets["tag"], categories=order, ordered=True)
@@ -153,7 +155,7 @@ def rank1(onsets: pd.DataFrame, n_blocks: int, *, compare: bool, n_boot: int, se
     kw = dict(unit=_unit(k1), n_boot=n_boot, seed=seed)
     by_tag = stats.censored_mean(k1, "onset", n_blocks, "tag", **kw)
     by_tag["median"] = by_tag["tag"].map(k1.groupby("tag", observed=True)["onset"].median())
-    by_tag["word_class"] = by_tag["tag"].astype(str).map(pos.word_class)
+    by_tag["word_class"] = by_tag["tag"].astype(str).map(part_of_speech.word_class)
     by_class = stats.censored_mean(k1, "onset", n_blocks, "word_class", **kw)
     by_class_sat = stats.censored_mean(k1, "saturation", n_blocks, "word_class", **kw) if has_sat else by_class.iloc[:0]
     gap = class_gap(k1, n_boot=n_boot, seed=seed) if compare else None
@@ -265,7 +267,7 @@ def onset_curves(onsets: pd.DataFrame, n_blocks: int, *, n_boot: int, seed: int)
     """Mean onset against k per tag, before the output (onsets at the output row
     censored, their share in ``censored``), passages resampled where known."""
     unit = "passage" if "passage" in onsets.columns else None
-    return metrics.onset_curve(onsets, by=["tag"], n_boot=n_boot, seed=seed, censor_at=n_blocks, unit=unit)
+    return summaries.onset_curve(onsets, by=["tag"], n_boot=n_boot, seed=seed, censor_at=n_blocks, unit=unit)
 
 
 def frequency_controls(k1: pd.DataFrame, *, n_boot: int, seed: int) -> dict[str, pd.DataFrame]:

@@ -5,7 +5,7 @@ Every interval resamples passages (the ``item`` column): positions of one passag
 share their context and are not independent.
 
 One axis for blocks and layers: block b reads the residual layer ℓ = b and writes
-ℓ = b + 1. :mod:`depthkit.residual` indexes its per-block statistics (and the
+ℓ = b + 1. :mod:`depthkit.analyses.residual` indexes its per-block statistics (and the
 two-segment split fitted to them) by the block b; this chapter reports and draws
 every one of them at the residual layer ℓ = b + 1 its update produces
 (:data:`WRITES`), so that they share one axis with the lens curves (ℓ = 0..L), the
@@ -20,8 +20,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from depthkit import narrate, residual, stats
+from depthkit import stats
+from depthkit.analyses import residual
 from depthkit.chapters import HEADLINE_COLUMNS, PAPER_COLUMNS
+from depthkit.stats import narrate
 
 # The paper gives no layer for a residual phase change; chapter 07 shows ours alone.
 PAPER = pd.DataFrame(columns=PAPER_COLUMNS)
@@ -105,7 +107,7 @@ def patching_rows(mcq_run: Any) -> pd.DataFrame:
 def load_patching(model_name: str, results_root: str | None) -> tuple[pd.DataFrame, str]:
     """Chapter 02's saved patching transitions of this model and a note saying where
     they come from, or no rows and a note saying why they are missing."""
-    from depthkit.results import ResultsError, load_run
+    from depthkit.core.results import ResultsError, load_run
 
     try:
         run = load_run(model_name, MCQ_SLUG, root=results_root)
@@ -160,7 +162,7 @@ def _in_layers(est: stats.LayerEstimate) -> stats.LayerEstimate:
 
 
 def phase_test(updates: pd.DataFrame, phase_curve: str, *, n_boot: int, seed: int) -> residual.PhaseTest:
-    """Two segments against one for the ℓ* curve (:func:`depthkit.residual.phase_test`),
+    """Two segments against one for the ℓ* curve (:func:`depthkit.analyses.residual.phase_test`),
     the split and the knots it may take in residual layers (ℓ = b + 1); the slope
     change is per block, which is per layer."""
     t = residual.phase_test(updates, phase_curve, n_boot=n_boot, seed=seed)
@@ -314,15 +316,14 @@ def lens_tables(net: Any, items: list, lens: Any, *, convention: str, batch_size
     """``(kl, top)``: per (item, layer) KL(p_L ‖ q_ℓ) through ``lens`` and the logit lens
     (column ``lens``), and the share of positions whose lens top-1 is one of the ten most
     frequent tokens, through ``lens``."""
-    import depthkit as dk
-    from depthkit import frequency
-    from depthkit.models import tokenizer_of
+    from depthkit.analyses import frequency
+    from depthkit.lens.trajectories import trajectories
 
-    trajs = {lens.name: dk.trajectories(net, items, lens=lens, convention=convention, top_k=1, batch_size=batch_size)}
+    trajs = {lens.name: trajectories(net, items, lens=lens, convention=convention, top_k=1, batch_size=batch_size)}
     if lens.name != "logit":
         # The logit lens alongside shows how much of the KL curve's shape is the lens's.
-        trajs["logit"] = dk.trajectories(net, items, lens="logit", convention=convention, top_k=1, batch_size=batch_size)
+        trajs["logit"] = trajectories(net, items, lens="logit", convention=convention, top_k=1, batch_size=batch_size)
     kl = pd.concat([residual.kl_by_layer(t).assign(lens=name) for name, t in trajs.items()], ignore_index=True)
-    freq = frequency.token_frequencies(tokenizer_of(net))
+    freq = frequency.token_frequencies(net.tokenizer)
     top = residual.top_share_by_layer(trajs[lens.name], lambda ids: frequency.ranks_of(freq, ids), top=10)
     return kl, top

@@ -13,7 +13,7 @@ import pandas as pd
 
 from depthkit import verdicts
 from depthkit.chapters import CHAPTERS, headlines, paper_reference
-from depthkit.results import ResultsError, list_runs
+from depthkit.core.results import ResultsError, list_runs
 
 OURS = "this project"
 PAPER_SOURCE = "paper (reference)"

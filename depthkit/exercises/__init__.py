@@ -3,6 +3,7 @@ in which the learner writes the chapter's key function, and the checks that say
 whether it is right.
 
 >>> import depthkit.exercises as ex
+>>> from depthkit.exercises.solutions import readout as my_readout  # a student writes their own
 >>> ex.check_readout(my_readout)        # chapter 00: final norm, then unembedding
 ✔ readout is right: ...
 

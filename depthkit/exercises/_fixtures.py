@@ -15,8 +15,8 @@ import functools
 import torch
 from torch import Tensor
 
-from depthkit.models import load_model
-from depthkit.trajectories import encode
+from depthkit.engine.models import load_model
+from depthkit.lens.trajectories import encode
 
 PROMPTS = ("The capital of France is", "In the morning she walked to the old market")
 

@@ -2,8 +2,8 @@
 
 The student's functions run on small synthetic data (corpus ranks, a steps table
 of a few dozen predictions) that hits every bucket edge and every kind of flip.
-Answers are compared with depthkit (:func:`depthkit.frequency.bucket_of`,
-:func:`depthkit.metrics.flip_rates`) and with a computation written out here in
+Answers are compared with depthkit (:func:`depthkit.analyses.frequency.bucket_of`,
+:func:`depthkit.analyses.summaries.flip_rates`) and with a computation written out here in
 plain Python; a wrong answer is compared with what the usual mistakes give.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from depthkit import frequency, metrics
+from depthkit.analyses import frequency, summaries
 from depthkit.exercises._check import ExerciseError, call, passed, single_threaded
 
 # Ranks either side of every bucket edge, with the bucket each belongs to, by hand.
@@ -94,7 +94,7 @@ def _synthetic_steps(seed: int = 0, n_items: int = 40, n_blocks: int = 5, vocab:
             settle = layer == n_blocks or rng.random() < layer / n_blocks
             guess = int(by_rank[rng.integers(0, [10, 100, 1000, vocab][rng.integers(0, 4)])])
             rows.append({"item": item, "layer": layer, "top1_id": final if settle else guess})
-    steps = metrics.label_buckets(pd.DataFrame(rows), freq)
+    steps = summaries.label_buckets(pd.DataFrame(rows), freq)
     steps["bucket"] = steps["bucket"].astype(str)  # plain strings: no categorical traps for the student
     return freq, steps[["item", "layer", "top1_id", "bucket"]]
 
@@ -147,7 +147,7 @@ def check_flip_rate(flip_rate: Callable[[pd.DataFrame], Any]) -> None:
     """Check ``flip_rate(steps) -> [layer, bucket, flip_rate]`` on synthetic steps."""
     __tracebackhide__ = True
     freq, steps = _synthetic_steps()
-    ref = metrics.flip_rates(steps[["item", "layer", "top1_id"]], freq)
+    ref = summaries.flip_rates(steps[["item", "layer", "top1_id"]], freq)
     want = {(int(r.layer), str(r.bucket)): float(r.flip_rate) for r in ref.itertuples()}
     if not _same(want, _by_hand(steps)):
         raise RuntimeError("depthkit's flip rates and the plain computation disagree; report this.")

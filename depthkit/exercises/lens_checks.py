@@ -1,7 +1,7 @@
 """Checks of exercise 00: the logit-lens readout and the logit lens at a layer.
 
 Each check runs the student's function on tiny practice models and compares it
-with depthkit's own lens (:class:`depthkit.lenses.LogitLens`) and with a
+with depthkit's own lens (:class:`depthkit.lens.base.LogitLens`) and with a
 computation that shares no code with it (the norm formula written out; the
 model's own logits; depthkit's batched trajectories). When the answer is wrong,
 it is compared with what the usual mistakes would produce, to say which one it is.
@@ -14,10 +14,10 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from depthkit.capture import Item, residual_hook_names
+from depthkit.engine.capture import Item, residual_hook_names
 from depthkit.exercises._check import ExerciseError, as_tensor, call, close, passed, shape_of, single_threaded
 from depthkit.exercises._fixtures import PROMPTS, clear_hooks, practice_model, tokens_of
-from depthkit.lenses import LogitLens
+from depthkit.lens.base import LogitLens
 
 ARCHS = ("llama", "gpt2")  # an RMSNorm family and a LayerNorm family (with a bias)
 
@@ -172,7 +172,7 @@ def check_logit_lens(logit_lens: Callable[..., Tensor]) -> None:
     """Check ``logit_lens(model, tokens, layer) -> logits [batch, seq, d_vocab]`` at
     every layer 0..L of a tiny model."""
     __tracebackhide__ = True
-    import depthkit as dk
+    from depthkit.lens.trajectories import trajectories
 
     model = practice_model("llama")
     clear_hooks(model)
@@ -185,7 +185,7 @@ def check_logit_lens(logit_lens: Callable[..., Tensor]) -> None:
     logits = logits.float()
     # Independent of hook names: depthkit's batched capture, every position, every layer.
     ids = tokens[0].tolist()
-    traj = dk.trajectories(model, [Item(ids, list(range(len(ids))))], lens="logit", top_k=1, progress=False)
+    traj = trajectories(model, [Item(ids, list(range(len(ids))))], lens="logit", top_k=1, progress=False)
     for layer in range(n_blocks + 1):
         got = call(logit_lens, "logit_lens", model, tokens.clone(), layer, hint=_layer_hint(n_blocks, layer))
         got = as_tensor(got, "logit_lens")

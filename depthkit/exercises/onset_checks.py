@@ -1,7 +1,7 @@
 """Checks of exercise 04: the onset layer, the earliest *depth* layer at which a
 target reaches rank ≤ k.
 
-The book's definition is :func:`depthkit.metrics.onset_layers` with
+The book's definition is :func:`depthkit.analyses.summaries.onset_layers` with
 ``first_layer=FIRST_DEPTH_LAYER``: layer 0, the embedding read through the lens,
 is not depth and never counts, and the onset is the first layer that reaches rank
 ≤ k even if a later layer leaves it again. Hand-made rank sequences each trip one
@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from depthkit.analyses.summaries import FIRST_DEPTH_LAYER, onset_layers
 from depthkit.exercises._check import ExerciseError, call, passed, single_threaded
-from depthkit.metrics import FIRST_DEPTH_LAYER, onset_layers
 
 # (ranks at layers 0..L, k, onset), worked out by hand.
 CASES: tuple[tuple[tuple[int, ...], int, int | None], ...] = (

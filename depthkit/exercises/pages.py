@@ -1,7 +1,7 @@
 """Exercise notebooks as book pages, and as solved notebooks.
 
 The book's configuration leaves ``notebooks/`` out of the build, so the runner
-(:func:`depthkit.book.build_book`) writes one MyST Markdown page per exercise
+(:func:`depthkit.book.runner.build_book`) writes one MyST Markdown page per exercise
 notebook into ``book/exercises/``: the notebook's text and code as they are, and
 after each stub (a code cell tagged ``exercise``) the reference solution folded in
 a collapsed dropdown. Pages are plain Markdown, not executed: a stub would only
@@ -18,7 +18,7 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-from depthkit.cache import atomic_write
+from depthkit.core.files import atomic_write
 from depthkit.exercises.solutions import SOLUTIONS
 
 EXERCISE_TAG = "exercise"

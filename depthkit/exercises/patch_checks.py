@@ -4,7 +4,7 @@ The student's ``patched_logit_diff`` runs on a tiny practice model, at every lay
 0..L, for a pair of prompts of different lengths (last position) and a pair of equal
 lengths (last and a middle position). Answers are compared with the reference
 solution and, at the last position, with depthkit's own batched patching
-(:func:`depthkit.patching.patched_logits`), which shares no code with either. A
+(:func:`depthkit.analyses.patching.patched_logits`), which shares no code with either. A
 wrong answer is compared, over all layers at once, with what the usual mistakes give.
 """
 
@@ -17,10 +17,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from depthkit.capture import Item, residual_hook_names, residual_rows
+from depthkit.analyses.patching import patched_logits
+from depthkit.engine.capture import Item, residual_hook_names, residual_rows
 from depthkit.exercises._check import ExerciseError, call, passed, single_threaded
 from depthkit.exercises._fixtures import clear_hooks, practice_model, tokens_of
-from depthkit.patching import patched_logits
 
 PAIRS = (
     ("She opened the door and", "A small dog ran into the", -1),

@@ -8,7 +8,7 @@ depthkit renders each chart as a small HTML snippet that waits for a global
 
 * in a live kernel (JupyterLab), :func:`enable` displays the bundle once, as an
   output of the cell that calls it;
-* in the built book the runner (:mod:`depthkit.book`) removes that output again
+* in the built book the runner (:mod:`depthkit.book.runner`) removes that output again
   and ships the same bundle once, as a static file of the book.
 
 The bundle is built by the PyPI package ``vl-convert-python`` (pinned in
@@ -25,7 +25,7 @@ from typing import Any
 
 import altair as alt
 
-from depthkit.cache import atomic_write, cache_dir
+from depthkit.core.files import atomic_write, cache_dir
 
 RENDERER = "depthkit"
 # Output metadata key that marks the bundle output, so the book runner can drop it.

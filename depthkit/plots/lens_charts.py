@@ -181,7 +181,7 @@ def top10_share_chart(shares: Any, title: str = "") -> alt.Chart:
 
 def bucket_share_chart(shares: Any, *, title: str = "Top-1 prediction by frequency bucket, per layer") -> alt.Chart:
     """Stacked bars: per layer, the share of predictions whose top-1 is in each
-    frequency bucket (``metrics.bucket_shares``). Click the legend to highlight a
+    frequency bucket (``summaries.bucket_shares``). Click the legend to highlight a
     bucket; hover for counts and intervals."""
     order = _order(shares["bucket"])
     data = _plain(shares)
@@ -210,14 +210,14 @@ def bucket_share_chart(shares: Any, *, title: str = "Top-1 prediction by frequen
 
 def flip_rate_chart(flips: Any, *, title: str = "Decision flips: layer top-1 differs from the final top-1") -> alt.LayerChart:
     """Flip rate per layer, one line per frequency bucket of the layer's top-1
-    (``metrics.flip_rates``), with bootstrap bands when present; point size = number
+    (``summaries.flip_rates``), with bootstrap bands when present; point size = number
     of prompts in that bucket at that layer."""
     return _lines_with_band(_plain(flips), "flip_rate", "bucket", _order(flips["bucket"]), "flip rate", title)
 
 
 def agreement_chart(agreement: Any, *, title: str = "Does the layer's top-1 equal a reference guess?") -> alt.LayerChart:
     """Per layer, the share of prompts whose lens top-1 equals each reference guess
-    (``metrics.agreement_by_layer``: unigram, bigram, final, ...)."""
+    (``summaries.agreement_by_layer``: unigram, bigram, final, ...)."""
     data = _plain(agreement)
     return _lines_with_band(data, "share", "guess", _order(agreement["guess"]), "share of prompts", title)
 
@@ -226,7 +226,7 @@ def onset_curve_chart(
     curves: Any, *, color: str = "tag", n_layers: int | None = None, title: str = "Earliest layer at which the answer reaches rank ≤ k"
 ) -> alt.LayerChart:
     """Mean earliest layer at rank ≤ k against k (log scale), one line per group
-    (``metrics.onset_curve``), with bootstrap error bars when present. ``n_layers``
+    (``summaries.onset_curve``), with bootstrap error bars when present. ``n_layers``
     fixes the y axis to the model's depth."""
     data = _plain(curves)
     order = _order(curves[color])
@@ -267,7 +267,7 @@ def onset_distribution_chart(
 ) -> alt.LayerChart:
     """Distribution of a per-example value per group: box plots with every example as
     a jittered dot (hover for the prompt's answer), and, from ``summary``
-    (``metrics.bootstrap_ci_by``: ``[group, estimate, lo, hi, n]``), the mean with its
+    (``stats.bootstrap_ci_by``: ``[group, estimate, lo, hi, n]``), the mean with its
     bootstrap interval in black."""
     data = _plain(values)
     order = _order(values[group])
@@ -307,7 +307,7 @@ def matched_onset_chart(
     title: str = "Rank-1 onset within matched frequency bins",
 ) -> alt.LayerChart:
     """Mean per-example value (e.g. rank-1 onset) per frequency bin and group, with
-    bootstrap intervals (``metrics.bootstrap_ci_by(df, value, [bin_col, group])``):
+    bootstrap intervals (``stats.bootstrap_ci_by(df, value, [bin_col, group])``):
     bins where both groups have examples compare like with like."""
     data = _plain(cells)
     order = _order(cells[bin_col])

@@ -135,7 +135,7 @@ def early_exit_chart(table: Any, *, title: str = "Early exit: what a truncated m
 
 def fact_onset_chart(curves: Any, *, title: str = "Earliest layer at which answer token j reaches rank ≤ k") -> alt.Chart:
     """Mean onset layer against k (log scale), one line per answer token, one panel
-    per group (``correct`` or ``length_group``). ``curves``: ``metrics.onset_curve``
+    per group (``correct`` or ``length_group``). ``curves``: ``summaries.onset_curve``
     output with columns [token, <group>, k, mean_onset, n_reached, ...] and a
     ``group`` column naming the panel."""
     df = _plain(curves)

@@ -1,0 +1,208 @@
+"""Which matmul precision is safe *and* worth it on this machine.
+
+Tuned-lens training and its held-out metrics multiply by the unembedding in
+bfloat16 where that is faster. On some x86 CPUs (seen with AMX and avx512_bf16)
+libtorch's bfloat16 kernels kill the whole process with a floating-point
+exception inside ``torch.autograd.grad``; a Python ``try`` cannot catch that. So
+bfloat16 is used only after a probe has run the very same products (forward and
+backward, at the caller's shapes) in a *child* process and seen it finish with
+results close to float32, and seen it run faster than float32. The verdict is
+cached per CPU model and flags, torch version, thread count and shapes, in
+``<cache>/precision/``; a crash in the probe only costs the child.
+
+``DEPTHKIT_BF16=0`` forces float32 without probing; ``DEPTHKIT_BF16=1`` trusts
+bfloat16 without probing (at your own risk).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import textwrap
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from depthkit.core.files import atomic_write, cache_dir
+
+PROBE_VERSION = 2
+PROBE_TIMEOUT_S = 300
+# bfloat16 must beat float32 by this factor to be chosen (a near tie is not worth
+# its rounding error).
+MIN_SPEEDUP = 1.1
+# Largest relative error (norm of difference / norm of float32 result) accepted for
+# the logits and for the input gradient. bfloat16 keeps 8 bits of mantissa: a
+# correct kernel lands near 1e-2 on random data.
+MAX_REL_ERROR = 0.05
+
+# The child repeats what tuned_lens does: readout (x.to(bf16) @ W_bf16).float(),
+# a log-softmax, and the gradient w.r.t. the float32 input through the cast.
+_PROBE = textwrap.dedent(
+    """
+    import json, sys, time
+    import torch
+    d, v = int(sys.argv[1]), int(sys.argv[2])
+    rows = [int(r) for r in sys.argv[3].split(",")]
+    g = torch.Generator().manual_seed(0)
+    W = torch.randn(d, v, generator=g) / d ** 0.5
+    Wb = W.to(torch.bfloat16).contiguous()
+    def best(fn, reps=3):
+        out = []
+        for _ in range(reps):
+            t = time.perf_counter(); fn(); out.append(time.perf_counter() - t)
+        return min(out)
+    # Speed first, on a small product: where bfloat16 is emulated it runs hundreds of
+    # times slower, and the full-size checks below would take minutes for nothing.
+    xs = torch.randn(min(max(rows), 32), d, generator=g)
+    xsb = xs.to(torch.bfloat16)
+    small = {"t_bf16": best(lambda: (xsb @ Wb).float(), 2), "t_f32": best(lambda: xs @ W, 2)}
+    if small["t_bf16"] > small["t_f32"]:
+        print(json.dumps({"max_rel_error": None, **small}))
+        sys.exit(0)
+    errors = []
+    for n in rows:
+        x = torch.randn(n, d, generator=g)
+        xb = x.clone().requires_grad_()
+        zb = (xb.to(torch.bfloat16) @ Wb).float()
+        (gb,) = torch.autograd.grad(torch.log_softmax(zb, -1)[:, :7].sum(), xb)
+        xf = x.clone().requires_grad_()
+        zf = xf @ W
+        (gf,) = torch.autograd.grad(torch.log_softmax(zf, -1)[:, :7].sum(), xf)
+        rel = lambda a, b: float((a - b).norm() / b.norm().clamp_min(1e-30))
+        errors.append(max(rel(zb.detach(), zf.detach()), rel(gb, gf)))
+    n = max(rows)
+    x = torch.randn(n, d, generator=g)
+    xb = x.to(torch.bfloat16)
+    t_bf16 = best(lambda: (xb @ Wb).float())
+    t_f32 = best(lambda: x @ W)
+    print(json.dumps({"max_rel_error": max(errors), "t_bf16": t_bf16, "t_f32": t_f32}))
+    """
+)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of a probe: whether bfloat16 products are used, and why."""
+
+    use_bf16: bool
+    reason: str
+    max_rel_error: float | None = None
+    speedup: float | None = None  # float32 time / bfloat16 time
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def cpu_signature() -> dict[str, object]:
+    """What decides which CPU kernels libtorch picks."""
+    model, flags = platform.processor() or "", ""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and not model:
+            model = value.strip()
+        if key.strip() in ("flags", "Features") and not flags:
+            flags = value.strip()
+    wanted = sorted(f for f in flags.split() if f.startswith(("amx", "avx512", "avx2", "fma", "asimd", "sve", "bf16")))
+    return {
+        "machine": platform.machine(),
+        "cpu": model,
+        "flags": wanted,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def _key(d_model: int, d_vocab: int, rows: tuple[int, ...]) -> str:
+    blob = json.dumps({"v": PROBE_VERSION, "cpu": cpu_signature(), "shape": [d_model, d_vocab, list(rows)]}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def run_probe(d_model: int, d_vocab: int, rows: tuple[int, ...] = (1, 32, 128, 256), *, script: str = _PROBE) -> Verdict:
+    """Run the bfloat16 products in a child process and judge them (not cached).
+    ``script`` is replaceable for tests."""
+    cmd = [sys.executable, "-c", script, str(d_model), str(d_vocab), ",".join(map(str, rows))]
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, env=env)
+    except subprocess.TimeoutExpired:
+        return Verdict(False, f"the bfloat16 probe did not finish in {PROBE_TIMEOUT_S} s")
+    if proc.returncode != 0:
+        how = f"was killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exited with status {proc.returncode}"
+        last = (proc.stderr.strip().splitlines() or [""])[-1][:200]
+        return Verdict(False, f"the bfloat16 probe {how} on this CPU ({last})".replace(" ()", ""))
+    try:
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+        err = None if out["max_rel_error"] is None else float(out["max_rel_error"])
+        t_bf16, t_f32 = float(out["t_bf16"]), float(out["t_f32"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        return Verdict(False, f"the bfloat16 probe printed no verdict ({proc.stdout[-200:]!r})")
+    speedup = t_f32 / max(t_bf16, 1e-9)
+    if err is None:  # slower already on a small product: accuracy was not checked
+        return Verdict(False, f"bfloat16 products are not faster here ({speedup:.2f}x float32 on {min(max(rows), 32)} rows)", None, speedup)
+    if not err <= MAX_REL_ERROR:
+        return Verdict(False, f"bfloat16 products are off by {err:.3g} (relative) on this CPU", err, speedup)
+    if speedup < MIN_SPEEDUP:
+        return Verdict(False, f"bfloat16 products are not faster here ({speedup:.2f}x float32)", err, speedup)
+    return Verdict(True, f"bfloat16 products verified: {speedup:.2f}x float32, relative error {err:.3g}", err, speedup)
+
+
+def bf16_verdict(
+    d_model: int, d_vocab: int, device: str | torch.device = "cpu", rows: tuple[int, ...] = (1, 32, 128, 256)
+) -> Verdict:
+    """Whether to multiply [rows, d_model] inputs by a [d_model, d_vocab]
+    unembedding in bfloat16 here: a cached probe at exactly these shapes on CPU
+    (kernels are chosen per shape); yes on a GPU that supports it."""
+    forced = os.environ.get("DEPTHKIT_BF16", "").strip()
+    if forced == "0":
+        return Verdict(False, "DEPTHKIT_BF16=0")
+    if forced == "1":
+        return Verdict(True, "DEPTHKIT_BF16=1 (not probed)")
+    if forced:
+        raise ValueError(f"DEPTHKIT_BF16={forced!r}: set it to 0 (float32) or 1 (bfloat16 unprobed), or unset it to probe.")
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        ok = torch.cuda.is_bf16_supported()
+        return Verdict(ok, "CUDA device" + ("" if ok else " without bfloat16 support"))
+    if dev.type != "cpu":
+        return Verdict(False, f"no probe for device type {dev.type!r}: float32")
+    rows = tuple(sorted({int(r) for r in rows if int(r) > 0})) or (1,)
+    path = cache_dir("precision", f"bf16-{_key(d_model, d_vocab, rows)}.json")
+    try:
+        cached = json.loads(path.read_text())
+        return Verdict(**cached["verdict"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    verdict = run_probe(d_model, d_vocab, rows)
+    try:
+        record = {"verdict": verdict.as_dict(), "cpu": cpu_signature(), "shape": [d_model, d_vocab, list(rows)]}
+        atomic_write(path, json.dumps(record, indent=1))
+    except OSError:
+        pass  # an unwritable cache only means probing again next time
+    return verdict
+
+
+def matmul_dtype(
+    requested: str,
+    d_model: int,
+    d_vocab: int,
+    device: str | torch.device = "cpu",
+    rows: tuple[int, ...] = (1, 32, 128, 256),
+) -> tuple[torch.dtype, Verdict | None]:
+    """The dtype to use for [rows, d_model] @ [d_model, d_vocab] products the caller
+    asked to run in ``requested`` ("bfloat16" or "float32"), and the probe verdict
+    when one was consulted."""
+    if requested == "float32":
+        return torch.float32, None
+    if requested != "bfloat16":
+        raise ValueError(f"matmul dtype {requested!r}: choose 'bfloat16' or 'float32'.")
+    verdict = bf16_verdict(d_model, d_vocab, device, rows)
+    return (torch.bfloat16 if verdict.use_bf16 else torch.float32), verdict

@@ -1,0 +1,108 @@
+"""Chapter 02's claims (multiple choice): the options are collected in the first
+half, the answer is chosen later in the second, and the patching transition does
+not line up with the lens's collection layer. Their tests, the paper's
+references, and the per-task quantities derived from the chapter's saved run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+
+from depthkit.core.results import Run
+from depthkit.verdicts.quantities import (
+    Q_ACCURACY,
+    Q_AGREE,
+    Q_BASELINE,
+    Q_ONE_ANSWER,
+    Q_ORDER,
+    Q_PATCH_GAP,
+    _boot,
+    _paper,
+    _share,
+)
+from depthkit.verdicts.records import Check, Evidence, Reference, Stat
+from depthkit.verdicts.testability import _check, _lens_gate, _task_gate
+from depthkit.verdicts.wording import _ci, _has_interval, _layer_at
+
+
+def _tasks(ev: Evidence) -> list[str]:
+    return ev.labels("02", "MCQ options collected")
+
+
+def _collected_first(ev: Evidence, ref: Reference) -> list[Check]:
+    def check(task: str) -> Check:
+        def score(s: Stat) -> tuple[int, str]:
+            first = s.hi <= ref.value
+            return int(first) * 2, f"{task}: collected at {_layer_at(s)}" + ("" if first else ", not clearly in the first half")
+
+        return _check(task, ev.get("02", f"MCQ options collected ({task})"), [_task_gate(ev, task)], score)
+
+    return [check(t) for t in _tasks(ev)]
+
+
+def _settled_later(ev: Evidence, ref: Reference) -> list[Check]:
+    def check(task: str) -> Check:
+        settled = ev.get("02", f"MCQ answer settled ({task})")
+
+        def score(s: Stat) -> tuple[int, str]:
+            text = f"{task}: settled minus collected {_ci(s)}, settled at {_layer_at(settled)}"
+            if not s.lo > 0:
+                return 0, text + ": not clearly later"
+            second = settled is not None and _has_interval(settled) and settled.lo >= ref.value
+            return (2, text) if second else (1, text + ", later but not clearly in the second half")
+
+        return _check(task, ev.get("02", f"{Q_ORDER} ({task})"), [_task_gate(ev, task)], score)
+
+    return [check(t) for t in _tasks(ev)]
+
+
+def _patching_apart(ev: Evidence, ref: Reference) -> list[Check]:
+    def check(direction: str) -> Check:
+        def score(s: Stat) -> tuple[int, str]:
+            apart = s.lo > 0 or s.hi < 0
+            return int(apart) * 2, f"{direction}: transition minus collection {_ci(s)}" + ("" if apart else ": no clear difference")
+
+        target = direction.split(" → ")[-1]
+        return _check(direction, ev.get("02", f"{Q_PATCH_GAP} ({direction})"), [_lens_gate(ev, "02", f" ({target})")], score)
+
+    return [check(d) for d in ev.labels("02", Q_PATCH_GAP)]
+
+
+def _ref_collected(paper: pd.DataFrame) -> Reference:
+    r = _paper(paper, "MCQ options collected")
+    return Reference(r["hi"], f"first half (ℓ/L ≤ {r['hi']:.2f}), {r['model']}")
+
+
+def _ref_settled(paper: pd.DataFrame) -> Reference:
+    r = _paper(paper, "MCQ answer settled")
+    return Reference(r["lo"], f"after collection, in the second half (ℓ/L ≥ {r['lo']:.2f}), {r['model']}")
+
+
+def _derive_02(run: Run, other: Callable[[str], Run | None]) -> list[tuple]:
+    from depthkit.analyses import mcq
+    from depthkit.chapters import ch02_mcq_collection_vs_reasoning as ch02
+
+    L, boot = int(run.model["n_blocks"]), _boot(run)
+    ranks, acc = run["option_ranks"], run["accuracy"].set_index("task")
+    baseline = mcq.majority_baseline(run["prompts"])
+    exits = run["early_exit"]
+    rows: list[tuple] = []
+    for task, a in acc.iterrows():
+        rows += [(f"{Q_ACCURACY} ({task})", *_share(a["accuracy"] * a["n"], a["n"], run)),
+                 (f"{Q_BASELINE} ({task})", float(baseline.get(task, np.nan)), np.nan, np.nan, a["n"]),
+                 (f"{Q_ONE_ANSWER} ({task})", a["majority_share"], np.nan, np.nan, a["n"])]
+        e = exits[(exits["task"] == task) & (exits["layer"] == L - 1)]
+        if len(e):
+            rows.append((f"{Q_AGREE} ({task})", *_share(e["agreement"].iloc[0] * e["n"].iloc[0], e["n"].iloc[0], run)))
+        d = ch02.order_difference(ranks, task, **boot)
+        rows.append((f"{Q_ORDER} ({task})", d.estimate / L, d.lo / L, d.hi / L, d.n))
+    sweep = run["patching"]
+    pt = run["patching_transitions"]
+    for direction in pt.loc[pt["what"] == ch02.TRANSITION, "direction"]:
+        target = direction.split(" → ")[1]
+        if target in set(ranks["task"]):
+            d = ch02.transition_difference(sweep[sweep["direction"] == direction], ranks, target, **boot)
+            rows.append((f"{Q_PATCH_GAP} ({direction})", d.estimate / L, d.lo / L, d.hi / L, d.n))
+    return rows

@@ -1,0 +1,41 @@
+"""How a verdict writes its numbers: a value with its interval (or that every
+resample agreed), a layer as ℓ/L where the output row means "not before the
+output", and a verdict's values for the findings table."""
+
+from __future__ import annotations
+
+import math
+
+from depthkit.verdicts.records import Stat, Verdict
+
+
+def _ci(s: Stat | None, pct: bool = False) -> str:
+    """A value with its interval; an interval whose ends are equal is not shown as
+    one (every resample gave the same grid value: it says so instead)."""
+    if s is None or not math.isfinite(s.value):
+        return "—"
+    f = (lambda v: f"{v:.0%}") if pct else (lambda v: f"{v:.2f}")
+    if not (math.isfinite(s.lo) and math.isfinite(s.hi)):
+        return f(s.value)
+    if f(s.lo) == f(s.hi):
+        return f"{f(s.value)} (every resample)"
+    return f"{f(s.value)} [{f(s.lo)}, {f(s.hi)}]"
+
+
+def _layer_at(s: Stat | None) -> str:
+    """A layer as ℓ/L, where ℓ/L = 1 (the output row) is censoring, not a depth."""
+    if s is not None and math.isfinite(s.value) and s.value >= 1:
+        share = "" if not _has_interval(s) or s.lo >= 1 else f" (95 % CI from ℓ/L {s.lo:.2f})"
+        return f"the output, not before{share}"
+    return f"ℓ/L {_ci(s)}"
+
+
+def _has_interval(s: Stat) -> bool:
+    return math.isfinite(s.lo) and math.isfinite(s.hi)
+
+
+def _values(v: Verdict) -> str:
+    shown = [c for c in v.checks if c.stat is not None and math.isfinite(c.stat.value)]
+    if len(v.checks) == 1 and shown:
+        return _ci(shown[0].stat)
+    return "; ".join(f"{c.label} {_ci(c.stat)}" for c in shown) or "—"
