@@ -57,8 +57,12 @@ def _book_root(arg: str | None) -> Path:
 
 
 def _placement(args: argparse.Namespace) -> dict[str, str]:
-    """--dtype / --device / --device-map, as chapter parameters (only those given)."""
-    given = {"dtype": args.dtype, "device": args.device, "device_map": args.device_map}
+    """--dtype / --device / --device-map / --backend / --remote, as chapter
+    parameters (only those given)."""
+    given = {
+        "dtype": args.dtype, "device": args.device, "device_map": args.device_map, "backend": args.backend,
+        "remote": args.remote,
+    }  # fmt: skip
     return {k: v for k, v in given.items() if v is not None}
 
 
@@ -199,6 +203,14 @@ def _placement_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="precision of the weights (default float32)")
     p.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: a GPU if there is one)")
     p.add_argument("--device-map", help="transformers device_map for big hub models, e.g. auto")
+    p.add_argument(
+        "--backend", choices=("bridge", "nnsight"),
+        help="engine of the forward passes: bridge (TransformerLens, default) or nnsight",
+    )  # fmt: skip
+    p.add_argument(
+        "--remote", nargs="?", const="true", choices=("true", "local"),
+        help="with --backend nnsight: run the forward passes on NDIF (needs NDIF_API_KEY); 'local' rehearses that here",
+    )  # fmt: skip
 
 
 def _add_book(sub: argparse._SubParsersAction) -> None:

@@ -45,7 +45,7 @@ def test_fused_attention_is_used_and_undone(tiny_models, arch):
     model = tiny_models[arch]
     cfg = model.original_model.config
     before = cfg._attn_implementation
-    with fused_attention(model) as fused:
+    with fused_attention(model.bridge) as fused:
         assert fused and cfg._attn_implementation == "sdpa"
     assert cfg._attn_implementation == before
     assert not any("forward" in m.__dict__ for m in model.modules())
@@ -57,7 +57,7 @@ def test_soft_capped_attention_keeps_the_bridge(tiny_models):
     old = getattr(cfg, "attn_logit_softcapping", None)
     cfg.attn_logit_softcapping = 50.0  # Gemma 2's kind, which the fused kernel cannot apply
     try:
-        with fused_attention(model) as fused:
+        with fused_attention(model.bridge) as fused:
             assert not fused and cfg._attn_implementation != "sdpa"
     finally:
         cfg.attn_logit_softcapping = old

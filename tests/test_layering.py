@@ -154,10 +154,18 @@ def test_the_layer_check_catches_a_planted_upward_import():
     assert upward_imports(graph) == [("depthkit.engine.capture", "depthkit.lens.base"), ("depthkit.stats.narrate", "depthkit")]
 
 
-def test_capture_is_the_only_module_running_hooks():
-    # The exercises are the exception: writing a hook is what the patching exercise teaches.
-    users = sorted(_module_name(p) for p in PKG.rglob("*.py") if "run_with_hooks" in p.read_text())
-    assert [u for u in users if not u.startswith("depthkit.exercises.")] == ["depthkit.engine.capture"], users
+def test_only_the_backends_run_forward_passes_with_interventions():
+    # The capture layer says what a pass does; each backend module is the one place
+    # its engine runs it (hooks, traces). The exercises are the exception: writing
+    # a hook is what the patching exercise teaches.
+    def users(needle: str) -> list[str]:
+        found = sorted(_module_name(p) for p in PKG.rglob("*.py") if needle in p.read_text())
+        return [u for u in found if not u.startswith("depthkit.exercises.")]
+
+    assert users("run_with_hooks(") == ["depthkit.engine.backends.bridge"]
+    assert users(".trace(") == ["depthkit.engine.backends.nnsight_trace"]
+    # Every module that reads or writes residuals asks the capture layer (none reaches a backend's execute).
+    assert users("backend.execute(") == ["depthkit.engine.capture"]
 
 
 def test_old_import_paths_still_work_and_say_where_the_module_went():

@@ -1,8 +1,8 @@
 """Early exit: stop the forward pass at layer ℓ and read the prediction out
 through a lens (the paper's early-exit analysis).
 
-:func:`exit_logits` really truncates the forward pass (``stop_at_layer`` on the
-TransformerBridge): it is what a deployed early-exit model computes. Layer ℓ's
+:func:`exit_logits` really truncates the forward pass
+(:func:`~depthkit.engine.capture.truncated_residuals`): it is what a deployed early-exit model computes. Layer ℓ's
 residual does not depend on the blocks after it, so the residual a truncated pass
 ends with is exactly the one a full pass holds at ℓ; a sweep over every layer
 therefore reads all exits from one full pass (:func:`early_exit_table`, on a
@@ -25,7 +25,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from depthkit.engine.capture import Item, batch_tensors
+from depthkit.engine.capture import Item, batch_tensors, model_logits, truncated_residuals
 from depthkit.lens.base import DEFAULT_LENS, Lens
 from depthkit.lens.registry import get_lens
 from depthkit.lens.trajectories import Trajectories, make_items
@@ -46,11 +46,11 @@ def exit_logits(
     """Logits of an early exit at ``layer`` for the positions of interest of
     ``prompts`` (last token of each prompt by default), in item order.
 
-    The forward pass stops before block ``layer`` (``stop_at_layer``); the residual
+    The forward pass stops before block ``layer`` (``truncated_residuals``); the residual
     there is decoded with the lens's translator for that layer (the canonical
     convention). ``layer = L`` runs the whole model and gives exactly its logits.
     """
-    n_blocks = int(model.bridge.cfg.n_layers)
+    n_blocks = model.info.n_blocks
     if not 0 <= int(layer) <= n_blocks:
         raise ValueError(f"layer must lie in 0..{n_blocks} (0 = embeddings, {n_blocks} = full model), got {layer}.")
     if len(prompts) == 0:
@@ -59,9 +59,9 @@ def exit_logits(
     lens_obj = get_lens(model, lens, **lens_kwargs)
     tokens, mask, bi, pi = batch_tensors(model, items)
     if layer == n_blocks:
-        logits = model.bridge(tokens, attention_mask=mask)
+        logits = model_logits(model, tokens, mask)
         return logits[bi, pi].float()
-    h = model.bridge(tokens, attention_mask=mask, stop_at_layer=int(layer))
+    h = truncated_residuals(model, tokens, int(layer), mask)
     return lens_obj(h[bi, pi].float(), int(layer)).float()
 
 
@@ -70,7 +70,9 @@ def _choice_frame(traj: Trajectories, options: Sequence[str]) -> pd.DataFrame:
     t = traj.targets[traj.targets["target"].isin(options)]
     if t["target"].nunique() != len(options):
         missing = sorted(set(options) - set(t["target"].unique()))
-        raise ValueError(f"Option targets {missing} are not in the trajectories; it has {sorted(traj.targets['target'].unique())}.")
+        raise ValueError(
+            f"Option targets {missing} are not in the trajectories; it has {sorted(traj.targets['target'].unique())}."
+        )
     wide = t.pivot_table(index=["item", "position", "layer"], columns="target", values="prob")[list(options)]
     return pd.DataFrame({"choice": wide.to_numpy().argmax(1)}, index=wide.index).reset_index()
 
@@ -85,8 +87,10 @@ def _gold_choice(traj: Trajectories, gold: str, options: Sequence[str]) -> pd.Se
     hits = [np.flatnonzero(opt_ids.loc[k].to_numpy() == gold_ids.loc[k]) for k in opt_ids.index]
     missing = [k for k, h in zip(opt_ids.index, hits) if len(h) == 0]
     if missing:
-        raise ValueError(f"The gold token is not among the option tokens for (item, position) {missing[:5]}; "
-                         "give a gold target that is one of the options.")
+        raise ValueError(
+            f"The gold token is not among the option tokens for (item, position) {missing[:5]}; "
+            "give a gold target that is one of the options."
+        )
     return pd.Series([int(h[0]) for h in hits], index=opt_ids.index, name="gold_choice")
 
 

@@ -19,6 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from depthkit.analyses.depth_grid import _depths, _Grid, _grid
+from depthkit.engine.capture import truncated_residuals
 from depthkit.lens.base import Lens, layer_plan
 from depthkit.lens.trajectories import Item, Trajectories
 
@@ -131,15 +132,19 @@ def held_out_saving(select: pd.DataFrame, report: pd.DataFrame, target: float = 
         else:
             hit = rep[np.isclose(rep["param"].to_numpy(dtype=float), r.param)]
         got = hit.iloc[0] if len(hit) else None
-        rows.append({
-            "policy": r.policy, "target": target, "param": r.param, "agreement_select": r.agreement,
-            "agreement": np.nan if got is None else got["agreement"],
-            "frac_layers": np.nan if got is None else got["frac_layers"],
-        })
+        rows.append(
+            {
+                "policy": r.policy,
+                "target": target,
+                "param": r.param,
+                "agreement_select": r.agreement,
+                "agreement": np.nan if got is None else got["agreement"],
+                "frac_layers": np.nan if got is None else got["frac_layers"],
+            }
+        )
     out = pd.DataFrame(rows)
     out["saving"] = 1 - out["frac_layers"]
     return out
-
 
 
 def _exit_depths(exits: dict[float, np.ndarray], token_items: np.ndarray, layers: np.ndarray) -> dict[int, set[int]]:
@@ -159,15 +164,17 @@ def _truncated_top1(
 ) -> dict[tuple[int, int], dict[int, int]]:
     """``(item, depth) -> position -> top-1``: each text run only up to each depth in
     ``needed`` and read out through ``lens`` with that layer's translator."""
-    device = next(model.bridge.parameters()).device
+    device = model.backend.device
     real: dict[tuple[int, int], dict[int, int]] = {}
-    bar = tqdm(total=sum(len(v) for v in needed.values()), desc="truncated passes", unit="pass", disable=not progress, leave=False)
+    bar = tqdm(
+        total=sum(len(v) for v in needed.values()), desc="truncated passes", unit="pass", disable=not progress, leave=False
+    )
     for it, depths in needed.items():
         item = items[it]
         toks = torch.tensor([item.tokens], device=device)
         pos = torch.tensor(item.positions, device=device)
         for d in sorted(depths):
-            h = model.bridge(toks, stop_at_layer=d)[0, pos]
+            h = truncated_residuals(model, toks, d)[0, pos]
             top = lens(h.float(), plan[d]).argmax(-1).cpu().numpy()
             real[(it, d)] = dict(zip(item.positions, top.tolist()))
             bar.update(1)

@@ -68,7 +68,7 @@ def greedy_next_tokens(model: Model, prompts: Sequence[str], *, batch_size: int 
 
     items = make_items(model, list(prompts))
     readout = LogitLens(model)
-    n_blocks = int(model.bridge.cfg.n_layers)
+    n_blocks = model.info.n_blocks
     out = np.empty(len(items), dtype=np.int64)
     order = sorted(range(len(items)), key=lambda i: len(items[i].tokens))
     bar = tqdm(total=len(items), desc="greedy next token", unit="prompt", disable=not progress, leave=False)
@@ -98,9 +98,7 @@ def correctness_filter(model: Model, examples: pd.DataFrame, *, batch_size: int 
     if examples.empty:
         raise ValueError("No examples to filter: the dataset is empty.")
     checked = examples.reset_index(drop=True).copy()
-    checked["answer_id"] = [
-        answer_token_ids(model, p, a)[0] for p, a in zip(checked["prompt"], checked["answer"])
-    ]
+    checked["answer_id"] = [answer_token_ids(model, p, a)[0] for p, a in zip(checked["prompt"], checked["answer"])]
     checked["greedy_id"] = greedy_next_tokens(model, checked["prompt"].tolist(), batch_size=batch_size, progress=progress)
     tok = model.tokenizer
     checked["answer_token"] = [tok.decode([int(i)]) for i in checked["answer_id"]]
@@ -109,7 +107,8 @@ def correctness_filter(model: Model, examples: pd.DataFrame, *, batch_size: int 
     checked["correct"] = checked["answer_id"] == checked["greedy_id"]
     keep = checked["correct"] & checked["word_token"]
     report = (
-        checked.assign(keep=keep).groupby("tag", sort=False)["keep"]
+        checked.assign(keep=keep)
+        .groupby("tag", sort=False)["keep"]
         .agg(candidates="size", kept="sum")
         .reset_index()
         .astype({"kept": np.int64})
@@ -173,9 +172,7 @@ def _share(v: float) -> str:
     return f"{np.floor(v * 1000 + 1e-9) / 10:.1f} %" if v < 0.1 else f"{np.floor(v * 100 + 1e-9):.0f} %"
 
 
-def class_comparison(
-    table: pd.DataFrame, *, min_kept: int | None = None, min_share: float | None = None
-) -> ClassComparison:
+def class_comparison(table: pd.DataFrame, *, min_kept: int | None = None, min_share: float | None = None) -> ClassComparison:
     """Whether function and content words can be compared on what the correctness
     filter kept (``table``: :func:`filter_table`).
 
@@ -208,8 +205,7 @@ def class_comparison(
             )
         elif "analysed" in classes.columns and r["analysed"] < min_kept:
             problems.append(
-                f"only {int(r['analysed']):,} {cls}-word examples are analysed (at least {min_kept} needed; "
-                "raise n_per_tag)"
+                f"only {int(r['analysed']):,} {cls}-word examples are analysed (at least {min_kept} needed; raise n_per_tag)"
             )
     if not problems:
         return ClassComparison(True, "")
@@ -233,7 +229,7 @@ def filter_sentence(table: pd.DataFrame) -> str:
     not_word = int(tags["not_word"].sum()) if "not_word" in tags.columns else 0
     dropped = (
         f" A further {not_word:,} correct prediction{'s were' if not_word != 1 else ' was'} dropped because the "
-        "answer's first token is not a word of its tag (a digit of \"13th\", a bare hyphen)."
+        'answer\'s first token is not a word of its tag (a digit of "13th", a bare hyphen).'
         if not_word
         else ""
     )

@@ -68,7 +68,7 @@ def patched_logits(
     ``batch_size``: patched rows of one target per forward pass."""
     h = patched_final_residuals(model, targets, layers, vectors, batch_size=batch_size, progress=progress)
     readout = LogitLens(model).readout
-    out = torch.empty((len(targets), int(model.bridge.cfg.d_vocab)), dtype=torch.float32)
+    out = torch.empty((len(targets), model.info.d_vocab), dtype=torch.float32)
     for s in range(0, len(targets), batch_size):  # vocabulary-sized products a block of rows at a time
         out[s : s + batch_size] = readout(h[s : s + batch_size]).float().cpu()
     return out
@@ -78,7 +78,7 @@ def patched_logits(
 def final_tokens(model: Model, prompts: Sequence[TokensLike], *, batch_size: int = 16) -> np.ndarray:
     """The model's own next token (its top-1) after each prompt."""
     ids = [_ids(model, p) for p in prompts]
-    n_blocks = int(model.bridge.cfg.n_layers)
+    n_blocks = model.info.n_blocks
     h = residual_rows(model, [Item(i, [len(i) - 1]) for i in ids], [n_blocks], batch_size=batch_size, share_prefix=True)[0]
     return LogitLens(model).readout(h).argmax(-1).cpu().numpy()
 
@@ -107,14 +107,23 @@ def _option_sets(options: Sequence[int] | Sequence[Sequence[int]], n: int, what:
 
 @torch.no_grad()
 def _clean_runs(
-    model: Model, src_ids: list[list[int]], tgt_ids: list[list[int]], depths: list[int], n_blocks: int, readout, *, batch_size: int
+    model: Model,
+    src_ids: list[list[int]],
+    tgt_ids: list[list[int]],
+    depths: list[int],
+    n_blocks: int,
+    readout,
+    *,
+    batch_size: int,
 ) -> tuple[Tensor, np.ndarray, np.ndarray, np.ndarray]:
     """Unpatched residuals at ``depths`` (last position) of every distinct prompt,
     ``[depth, prompt]``, the row of each source in them, and the model's own output
     token (read at layer ``n_blocks``) of each source and each target."""
     # One clean run per distinct prompt (the control's sources are its targets too).
     distinct = {tuple(ids): k for k, ids in enumerate(dict.fromkeys(tuple(i) for i in src_ids + tgt_ids))}
-    clean = residual_rows(model, [Item(list(ids), [len(ids) - 1]) for ids in distinct], depths, batch_size=batch_size, share_prefix=True)
+    clean = residual_rows(
+        model, [Item(list(ids), [len(ids) - 1]) for ids in distinct], depths, batch_size=batch_size, share_prefix=True
+    )
     src_row = np.array([distinct[tuple(i)] for i in src_ids])
     tgt_row = np.array([distinct[tuple(i)] for i in tgt_ids])
     out_ids = readout(clean[depths.index(n_blocks)]).argmax(-1).cpu().numpy()
@@ -140,7 +149,12 @@ def _read_patched(
 
 
 def _classify(
-    out_id: np.ndarray, pair_idx: np.ndarray, t_opts: list[list[int]], s_opts: list[list[int]], tgt_out: np.ndarray, src_out: np.ndarray
+    out_id: np.ndarray,
+    pair_idx: np.ndarray,
+    t_opts: list[list[int]],
+    s_opts: list[list[int]],
+    tgt_out: np.ndarray,
+    src_out: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The ``class`` and ``follows`` columns of :func:`patching_sweep`."""
     cls = np.array(
@@ -185,7 +199,7 @@ def patching_sweep(
         raise ValueError(f"Give one source per target: {len(sources)} sources, {len(targets)} targets.")
     if len(targets) == 0:
         raise ValueError("No pairs given.")
-    n_blocks = int(model.bridge.cfg.n_layers)
+    n_blocks = model.info.n_blocks
     layers = list(range(n_blocks + 1)) if layers is None else check_layers(layers, n_blocks)
     n = len(targets)
     t_opts = _option_sets(target_options, n, "target_options")
@@ -281,8 +295,22 @@ def transition_layer(
 
     # A resample in which the shares never cross gives NaN, and then so does the
     # interval: an interval never hides that the crossing is unstable.
-    ci = bootstrap_layer(np.arange(len(wide), dtype=float), stat, n_boot=n_boot, seed=seed, level=level, min_n=min_n,
-                         grid=layers, censor_at=float(layers.max()))
-    return {"transition_layer": ci.estimate, "lo": ci.lo, "hi": ci.hi, "n_pairs": int(len(wide)),
-            "mode_share": ci.mode_share, "censored_share": ci.censored_share, "step": ci.step}
-
+    ci = bootstrap_layer(
+        np.arange(len(wide), dtype=float),
+        stat,
+        n_boot=n_boot,
+        seed=seed,
+        level=level,
+        min_n=min_n,
+        grid=layers,
+        censor_at=float(layers.max()),
+    )
+    return {
+        "transition_layer": ci.estimate,
+        "lo": ci.lo,
+        "hi": ci.hi,
+        "n_pairs": int(len(wide)),
+        "mode_share": ci.mode_share,
+        "censored_share": ci.censored_share,
+        "step": ci.step,
+    }

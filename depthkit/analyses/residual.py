@@ -50,7 +50,9 @@ def sample_passages(passages: Sequence[str], n: int, *, seed: int = 0, min_chars
     shuffled with ``seed`` (long passages, so that every text gives many positions)."""
     unique = [p for p in dict.fromkeys(passages) if isinstance(p, str) and len(p) >= min_chars]
     if len(unique) < n:
-        raise ValueError(f"Only {len(unique)} distinct passages have at least {min_chars} characters; ask for n <= {len(unique)}.")
+        raise ValueError(
+            f"Only {len(unique)} distinct passages have at least {min_chars} characters; ask for n <= {len(unique)}."
+        )
     order = np.random.default_rng(seed).permutation(len(unique))[:n]
     return [unique[i] for i in order]
 
@@ -146,7 +148,7 @@ def update_stats(model: Model, items: Sequence[Item], *, batch_size: int = 8, pr
     Memory: only the residuals of one block at the positions of interest are held
     at a time (computed inside the hooks).
     """
-    n_blocks = int(model.bridge.cfg.n_layers)
+    n_blocks = model.info.n_blocks
     frames = []
     bar = tqdm(total=len(items), desc="update norms", unit="text", disable=not progress, leave=False)
     for batch in length_batches(items, batch_size):
@@ -191,11 +193,7 @@ def top_share_by_layer(traj: Trajectories, token_rank: Callable[[np.ndarray], np
     steps = traj.steps
     in_top = token_rank(steps["top1_id"].to_numpy()) <= top
     return (
-        steps.assign(in_top=in_top)
-        .groupby(["item", "layer"], sort=True)["in_top"]
-        .mean()
-        .rename(f"top{top}_share")
-        .reset_index()
+        steps.assign(in_top=in_top).groupby(["item", "layer"], sort=True)["in_top"].mean().rename(f"top{top}_share").reset_index()
     )
 
 
@@ -243,7 +241,7 @@ def skip_block_effects(
 
     One extra forward pass per block and batch.
     """
-    n_blocks = int(model.bridge.cfg.n_layers)
+    n_blocks = model.info.n_blocks
     blocks = list(range(n_blocks)) if blocks is None else [int(b) for b in blocks]
     for b in blocks:
         if not 0 <= b < n_blocks:
@@ -352,12 +350,24 @@ class PhaseTest:
         return not self.at_edge and np.isfinite(lo) and np.isfinite(hi) and (lo > 0 or hi < 0)
 
     def as_frame(self) -> pd.DataFrame:
-        return pd.DataFrame([{
-            "statistic": self.split.name, "split": self.split.estimate, "split_lo": self.split.lo, "split_hi": self.split.hi,
-            "slope_change": self.slope_change.estimate, "slope_change_lo": self.slope_change.lo,
-            "slope_change_hi": self.slope_change.hi, "first_knot": self.first_knot, "last_knot": self.last_knot,
-            "at_edge": self.at_edge, "two_segments": self.two_segments, "n": self.split.n,
-        }])
+        return pd.DataFrame(
+            [
+                {
+                    "statistic": self.split.name,
+                    "split": self.split.estimate,
+                    "split_lo": self.split.lo,
+                    "split_hi": self.split.hi,
+                    "slope_change": self.slope_change.estimate,
+                    "slope_change_lo": self.slope_change.lo,
+                    "slope_change_hi": self.slope_change.hi,
+                    "first_knot": self.first_knot,
+                    "last_knot": self.last_knot,
+                    "at_edge": self.at_edge,
+                    "two_segments": self.two_segments,
+                    "n": self.split.n,
+                }
+            ]
+        )
 
 
 def phase_test(

@@ -96,7 +96,7 @@ def chapter_params(
     extra = dict(extra or {})
     if not takes_model:
         # Options of the model (book-wide --dtype, --device, ...) mean nothing here.
-        for key in ("model", "dtype", "device", "device_map"):
+        for key in ("model", "dtype", "device", "device_map", "backend", "remote"):
             extra.pop(key, None)
     params.update(extra)
     if spec is not None:

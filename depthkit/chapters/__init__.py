@@ -98,9 +98,13 @@ def model_options(p: Mapping[str, Any]) -> dict[str, Any]:
     >>> import depthkit as dk
     >>> p = {"model": "tiny-llama", "dtype": None, "device": "cpu", "device_map": None}  # checked parameters
     >>> dk.model_options(p)
-    {'dtype': 'float32', 'device': 'cpu', 'device_map': None}
+    {'dtype': 'float32', 'device': 'cpu', 'device_map': None, 'backend': 'bridge', 'remote': False}
     >>> model = dk.load_model(p["model"], **dk.model_options(p))
     >>> dk.model_info(model).source
     'tiny'
     """
-    return {"dtype": p.get("dtype") or "float32", "device": p.get("device"), "device_map": p.get("device_map")}
+    remote = str(p.get("remote") or "false").lower()
+    return {
+        "dtype": p.get("dtype") or "float32", "device": p.get("device"), "device_map": p.get("device_map"),
+        "backend": p.get("backend") or "bridge", "remote": {"true": True, "false": False}.get(remote, remote),
+    }  # fmt: skip

@@ -42,7 +42,15 @@ def _lens_choice(ch: Chapter, p: dict[str, Any]) -> str | None:
 
 
 def _check(ch: Chapter, values: Mapping[str, Any]) -> dict[str, Any]:
-    p = check_params(dict(values), chapter=ch.id, **ch.params)
+    values = dict(values)
+    if isinstance(values.get("remote"), bool):
+        # `-p remote=true` reads as YAML's true; the parameter also takes 'local'.
+        values["remote"] = str(values["remote"]).lower()
+    p = check_params(values, chapter=ch.id, **ch.params)
+    if p.get("remote") in ("true", "local") and p.get("backend") != "nnsight":
+        raise ParameterError(
+            f"remote={p['remote']!r} runs through nnsight: add -p backend=nnsight (or --backend nnsight)."
+        )
     problem = _lens_choice(ch, p)
     if problem:
         raise ParameterError(problem)

@@ -22,6 +22,11 @@ MODEL_PARAMS: dict[str, Param] = {
     "dtype": Param(str, choices=("float32", "bfloat16", "float16"), help="precision of the model's weights"),
     "device": Param(str, optional=True, help="'cpu', 'cuda', 'cuda:1', ...; None picks a GPU if there is one"),
     "device_map": Param(str, optional=True, help="transformers device_map for hub models, e.g. 'auto'"),
+    "backend": Param(str, optional=True, choices=("bridge", "nnsight"), help="engine of the forward passes (default bridge)"),
+    "remote": Param(
+        str, optional=True, choices=("true", "false", "local"),
+        help="nnsight only: run on NDIF ('true', needs NDIF_API_KEY) or rehearse that here ('local')",
+    ),
 }
 LENS_PARAMS: dict[str, Param] = {
     "lens": Param(str, example="tuned", help="'tuned', 'logit' or the path of a saved lens (.safetensors)"),

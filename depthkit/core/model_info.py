@@ -25,6 +25,8 @@ class ModelInfo:
     quantisation: str
     source: str  # "embedded" | "tiny" | "hub" | "local"
     fingerprint: str  # hash of the weights (see :func:`depthkit.engine.models.weights_fingerprint`)
+    # The engine that ran it: "bridge" (TransformerLens), "nnsight", or "nnsight-remote" (NDIF).
+    backend: str = "bridge"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -2,8 +2,7 @@
 
 TransformerBridge re-implements every attention block step by step, so that
 hooks on attention scores and patterns can fire. depthkit reads and writes only
-the residual stream, so inside its forward passes (:mod:`depthkit.engine.capture`,
-:func:`depthkit.engine.prefix.encode_prefix`) each attention block can run as the
+the residual stream, so inside its forward passes (:mod:`depthkit.engine.backends.bridge`) each attention block can run as the
 model's own Hugging Face module with PyTorch's fused kernel
 (``scaled_dot_product_attention``): the same arithmetic without the score matrix
 in memory, several times faster on few-shot prompts of hundreds of tokens.
@@ -25,28 +24,30 @@ from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from depthkit.engine.handle import Model
+    from transformer_lens.model_bridge import TransformerBridge
 
 
-def _fusable(model: Model) -> bool:
-    hf = model.bridge.original_model
+def _fusable(bridge: TransformerBridge) -> bool:
+    hf = bridge.original_model
     cfg = hf.config
     return bool(getattr(hf, "_supports_sdpa", False)) and not getattr(cfg, "attn_logit_softcapping", None)
 
 
 @contextmanager
-def fused_attention(model: Model) -> Iterator[bool]:
+def fused_attention(bridge: TransformerBridge) -> Iterator[bool]:
     """Run attention through the model's own modules with the fused SDPA kernel
     (see the module docstring); yields whether it does."""
     # Imported here: TransformerLens takes ~5 s to import, and `import depthkit` (the
     # command line's parameter checks among others) should not wait for it.
     from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
 
-    bridges = [m for m in model.bridge.modules() if isinstance(m, AttentionBridge) and getattr(m, "original_component", None) is not None]
-    if not bridges or not _fusable(model):
+    bridges = [
+        m for m in bridge.modules() if isinstance(m, AttentionBridge) and getattr(m, "original_component", None) is not None
+    ]
+    if not bridges or not _fusable(bridge):
         yield False
         return
-    cfg = model.bridge.original_model.config
+    cfg = bridge.original_model.config
     before = cfg._attn_implementation
     try:
         cfg._attn_implementation = "sdpa"
@@ -63,7 +64,7 @@ def fused_attention(model: Model) -> Iterator[bool]:
 
 
 @contextmanager
-def cache_passthrough(model: Model) -> Iterator[None]:
+def cache_passthrough(bridge: TransformerBridge) -> Iterator[None]:
     """Let the bridge's attention see the cache.
 
     Transformers 5 hands the cache to attention modules as ``cache=``, while
@@ -80,7 +81,7 @@ def cache_passthrough(model: Model) -> Iterator[None]:
         return args, kwargs
 
     try:
-        for module in model.bridge.modules():
+        for module in bridge.modules():
             if hasattr(module, "_update_kv_cache"):
                 handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
         yield
@@ -90,11 +91,11 @@ def cache_passthrough(model: Model) -> Iterator[None]:
 
 
 @contextmanager
-def run_attention(model: Model) -> Iterator[None]:
+def run_attention(bridge: TransformerBridge) -> Iterator[None]:
     """The attention set-up of every depthkit forward pass: fused where the
     architecture allows (the Hugging Face module reads its cache itself), else the
     bridge's attention with the cache passed through."""
     with ExitStack() as stack:
-        if not stack.enter_context(fused_attention(model)):
-            stack.enter_context(cache_passthrough(model))
+        if not stack.enter_context(fused_attention(bridge)):
+            stack.enter_context(cache_passthrough(bridge))
         yield

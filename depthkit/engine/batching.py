@@ -71,13 +71,13 @@ def pad_id(model: Model) -> int:
 
 
 def _device(model: Model) -> torch.device:
-    return next(model.bridge.parameters()).device
+    return model.backend.device
 
 
 def _out_device(model: Model) -> torch.device:
     # With device_map the blocks may sit on several devices; residuals are gathered
     # where the readout (unembedding) lives, which is where they are decoded.
-    return model.bridge.unembed.weight.device if hasattr(model.bridge.unembed, "weight") else _device(model)
+    return model.backend.out_device
 
 
 # What one more forward call costs, in padded tokens' worth of compute (a pass over
@@ -284,8 +284,7 @@ def copy_attention_mask(n_prefix: int, n_context: int, n_copies: int, window: in
 
 
 def _sliding_window(model: Model) -> int | None:
-    cfg = model.bridge.original_model.config
+    cfg = model.backend.config
     types = getattr(cfg, "layer_types", None) or ()
     window = getattr(cfg, "sliding_window", None)
     return int(window) if window and "sliding_attention" in types else None
-

@@ -1,6 +1,9 @@
-"""Capture: the one place where depthkit runs a model with hooks.
+"""Capture: the one place where depthkit reads or writes the residual stream.
 
-Everything that reads or writes the residual stream goes through here:
+Each function here says what a forward pass must do as a
+:class:`~depthkit.engine.work.ForwardWork` and hands it to the model's backend
+(:mod:`depthkit.engine.backends`: TransformerLens hooks or an nnsight trace), so
+every analysis runs unchanged on either. What goes through here:
 
 * :func:`residual_hook_names`: the hook of every residual depth 0..L;
 * :func:`collect_residuals` / :func:`residual_rows`: residual vectors at chosen
@@ -8,7 +11,9 @@ Everything that reads or writes the residual stream goes through here:
 * :func:`map_blocks`: each block's input, middle and output residual handed to a
   function as soon as the block has run, so only one block's residuals are alive;
 * :func:`patched_final_residuals`: a run with a vector written into the residual
-  stream at a layer and position.
+  stream at a layer and position;
+* :func:`truncated_residuals` / :func:`model_logits`: a pass that stops at a depth,
+  and the model's own logits.
 
 The batches these runs take (:class:`Item`, padded and packed rows, shared
 prefixes) are built in :mod:`depthkit.engine.batching`; its names are importable
@@ -24,11 +29,10 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from depthkit.engine.attention import run_attention
 from depthkit.engine.batching import (
     BATCH_OVERHEAD_TOKENS,
     PACK_WIDTH,
@@ -48,6 +52,7 @@ from depthkit.engine.batching import (
     shared_prefix_groups,
 )
 from depthkit.engine.prefix import SharedPrefix, encode_prefix
+from depthkit.engine.work import WHERE, ForwardWork, depth_site
 
 if TYPE_CHECKING:
     from depthkit.engine.handle import Model
@@ -63,6 +68,7 @@ __all__ = [
     "copy_attention_mask",
     "length_batches",
     "map_blocks",
+    "model_logits",
     "pack_rows",
     "packed_attention_mask",
     "packed_batches",
@@ -72,6 +78,7 @@ __all__ = [
     "residual_hook_names",
     "residual_rows",
     "shared_prefix_groups",
+    "truncated_residuals",
 ]
 
 T = TypeVar("T")
@@ -88,39 +95,6 @@ def _options(given: dict, allowed: dict) -> dict:
     if unknown:
         raise TypeError(f"Unknown option(s) {unknown}; valid: {', '.join(allowed)}.")
     return {**allowed, **given}
-
-
-def _run(
-    model: Model, tokens: Tensor, mask: Tensor | dict[str, Tensor], hooks: list, prefix: SharedPrefix | None = None,
-    position_ids: Tensor | None = None,
-) -> None:  # fmt: skip
-    # logits_to_keep=1: the model's full-sequence logits are never needed (readouts
-    # are recomputed at the positions of interest) and would cost
-    # batch x seq x vocab floats.
-    with run_attention(model):
-        if position_ids is not None:
-            model.bridge.run_with_hooks(tokens, attention_mask=mask, position_ids=position_ids, fwd_hooks=hooks, logits_to_keep=1)
-        elif prefix is None:
-            model.bridge.run_with_hooks(tokens, attention_mask=mask, fwd_hooks=hooks, logits_to_keep=1)
-        else:
-            model.bridge.run_with_hooks(
-                tokens, attention_mask=prefix.mask_for(mask), cache=prefix.cache_for(len(tokens)), use_cache=True,
-                fwd_hooks=hooks, logits_to_keep=1,
-            )  # fmt: skip
-
-
-def _skip_hooks(block: int) -> list:
-    """Hooks that remove block ``block``'s update: its output is replaced by its input."""
-    stash: dict[str, Tensor] = {}
-
-    def save_in(x, hook):  # noqa: ARG001 - TransformerLens hook signature
-        stash["h"] = x.clone()
-        return x
-
-    def drop_update(x, hook):  # noqa: ARG001
-        return stash.pop("h")
-
-    return [(f"blocks.{block}.hook_resid_pre", save_in), (f"blocks.{block}.hook_resid_post", drop_update)]
 
 
 @torch.no_grad()
@@ -144,10 +118,8 @@ def collect_residuals(
     one padded row each, where that puts two or more items in a row (long items
     alone in their rows gain nothing from a materialised mask); not with a prefix.
     """
-    n_blocks = int(model.bridge.cfg.n_layers)
+    n_blocks = model.info.n_blocks
     layers = list(range(n_blocks + 1)) if layers is None else list(layers)
-    names = residual_hook_names(n_blocks)
-    out_device = _out_device(model)
     if pack and prefix is not None:
         raise ValueError("Packed rows cannot continue a shared prefix; pass pack=False.")
     position_ids = None
@@ -157,21 +129,15 @@ def collect_residuals(
         tokens, position_ids, mask, bi, pi = packed_tensors(model, items, rows)
     else:
         tokens, mask, bi, pi = batch_tensors(model, items)
-    out: dict[int, Tensor] = {}
-
-    def grab(depth: int):
-        def hook(x, hook):  # noqa: ARG001 - TransformerLens hook signature
-            out[depth] = x[bi.to(x.device), pi.to(x.device)].detach().float().to(out_device)
-            return x
-
-        return hook
-
-    # Hooks run in registration order per name; a replacement must be registered
-    # before the grab on the same hook point reads it.
-    hooks = [] if skip_block is None else _skip_hooks(int(skip_block))
-    hooks += [(names[d], grab(d)) for d in layers]
-    _run(model, tokens, mask, hooks, prefix, position_ids)
-    return torch.stack([out[d] for d in layers])
+    work = ForwardWork()
+    if skip_block is not None:
+        work.skip(int(skip_block))
+    for d in dict.fromkeys(layers):
+        work.read(str(d), depth_site(d, n_blocks), bi, pi)
+    if prefix is not None:
+        mask = prefix.mask_for(mask)
+    got = model.backend.execute(tokens, mask, work, position_ids=position_ids, prefix=prefix)
+    return torch.stack([got[str(d)] for d in layers])
 
 
 @torch.no_grad()
@@ -191,18 +157,21 @@ def residual_rows(
     progress bar (off by default)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
-    n_blocks, d = int(model.bridge.cfg.n_layers), int(model.bridge.cfg.d_model)
+    n_blocks, d = model.info.n_blocks, model.info.d_model
     depths = list(range(n_blocks + 1)) if layers is None else list(layers)
     starts = np.cumsum([0] + [len(it.positions) for it in items])
     out = torch.empty(len(depths), int(starts[-1]), d, device=_out_device(model))
     bar = _options(bar, {"desc": "residuals", "progress": False})
     pbar = tqdm(total=int(starts[-1]), desc=str(bar["desc"]), unit="tok", disable=not bar["progress"], leave=False)
+    share_prefix = share_prefix and model.backend.supports_prefix
     groups = shared_prefix_groups(items) if share_prefix else [PrefixGroup([], list(range(len(items))), list(items))]
     for group in groups:
         prefix = encode_prefix(model, group.prefix) if group.prefix else None
-        batches = length_batches(group.items, batch_size) if share_prefix else [
-            list(range(s, min(s + batch_size, len(group.items)))) for s in range(0, len(group.items), batch_size)
-        ]
+        batches = (
+            length_batches(group.items, batch_size)
+            if share_prefix
+            else [list(range(s, min(s + batch_size, len(group.items)))) for s in range(0, len(group.items), batch_size)]
+        )
         for local in batches:
             r = collect_residuals(model, [group.items[j] for j in local], depths, prefix=prefix)
             rows = torch.cat([torch.arange(starts[group.indices[j]], starts[group.indices[j] + 1]) for j in local])
@@ -214,44 +183,20 @@ def residual_rows(
 
 @torch.no_grad()
 def map_blocks(model: Model, items: Sequence[Item], fn: Callable[[int, Tensor, Tensor, Tensor], T]) -> list[T]:
-    """One forward pass of a batch of items; for every block ``b``, as soon as it has
-    run, ``fn(b, h_pre, h_mid, h_post)`` with its input, middle (between attention
-    and MLP, ``hook_resid_mid``) and output residuals at the positions of interest
-    (float32, rows item by item). Returns the results block by block; only one
-    block's residuals are alive at a time."""
-    n_blocks = int(model.bridge.cfg.n_layers)
+    """One forward pass of a batch of items; for every block ``b``,
+    ``fn(b, h_pre, h_mid, h_post)`` with its input, middle (between attention and
+    MLP, ``hook_resid_mid``) and output residuals at the positions of interest
+    (float32, rows item by item). Returns the results block by block. The pass
+    reads every block's three residuals at those positions (3·L·rows vectors), and
+    each block's are freed once ``fn`` has used them."""
+    n_blocks = model.info.n_blocks
     tokens, mask, bi, pi = batch_tensors(model, items)
-    held: dict[str, Tensor] = {}
-    results: dict[int, T] = {}
-
-    def keep(key: str):
-        def hook(x, hook):  # noqa: ARG001 - TransformerLens hook signature
-            held[key] = x[bi, pi].detach().float()
-            return x
-
-        return hook
-
-    def finish(block: int):
-        def hook(x, hook):  # noqa: ARG001
-            results[block] = fn(block, held.pop("pre"), held.pop("mid"), x[bi, pi].detach().float())
-            return x
-
-        return hook
-
-    hooks = []
+    work = ForwardWork()
     for b in range(n_blocks):
-        hooks += [
-            (f"blocks.{b}.hook_resid_pre", keep("pre")),
-            (f"blocks.{b}.hook_resid_mid", keep("mid")),
-            (f"blocks.{b}.hook_resid_post", finish(b)),
-        ]
-    _run(model, tokens, mask, hooks)
-    if len(results) != n_blocks:
-        raise RuntimeError(
-            f"Only {len(results)} of {n_blocks} blocks reported their residuals; this architecture's bridge does not "
-            "populate hook_resid_pre/mid/post on every block."
-        )
-    return [results[b] for b in range(n_blocks)]
+        for where in WHERE:
+            work.read(f"{b}.{where}", (b, where), bi, pi)
+    got = model.backend.execute(tokens, mask, work)
+    return [fn(b, got.pop(f"{b}.pre"), got.pop(f"{b}.mid"), got.pop(f"{b}.post")) for b in range(n_blocks)]
 
 
 def check_layers(layers: Sequence[int], n_blocks: int) -> list[int]:
@@ -265,7 +210,11 @@ def check_layers(layers: Sequence[int], n_blocks: int) -> list[int]:
 
 @torch.no_grad()
 def patched_final_residuals(
-    model: Model, sequences: Sequence[Sequence[int]], layers: Sequence[int], vectors: Float[Tensor, "row d_model"], **run: int | bool
+    model: Model,
+    sequences: Sequence[Sequence[int]],
+    layers: Sequence[int],
+    vectors: Float[Tensor, "row d_model"],
+    **run: int | bool,
 ) -> Float[Tensor, "row d_model"]:
     """The final residual at the last position of each sequence after writing
     ``vectors[r]`` into the residual stream of ``sequences[r]`` at depth
@@ -286,10 +235,9 @@ def patched_final_residuals(
         raise ValueError(
             f"Give one layer and one vector per target: {n} targets, {len(layers)} layers, {vectors.shape[0]} vectors."
         )
-    n_blocks = int(model.bridge.cfg.n_layers)
+    n_blocks = model.info.n_blocks
     layers = check_layers(layers, n_blocks)
-    names = residual_hook_names(n_blocks)
-    out = torch.empty((n, int(model.bridge.cfg.d_model)), dtype=torch.float32, device=_out_device(model))
+    out = torch.empty((n, model.info.d_model), dtype=torch.float32, device=_out_device(model))
     run = _options(run, {"batch_size": 64, "progress": False})
     rows_of: dict[tuple[int, ...], list[int]] = {}
     for r, seq in enumerate(sequences):
@@ -298,21 +246,23 @@ def patched_final_residuals(
         rows_of.setdefault(tuple(int(t) for t in seq), []).append(r)
     targets = [Item(list(seq), [len(seq) - 1]) for seq in rows_of]
     bar = tqdm(total=n, desc="patching", unit="run", disable=not run["progress"], leave=False)
-    for group in shared_prefix_groups(targets):
+    groups = (
+        shared_prefix_groups(targets) if model.backend.supports_prefix else [PrefixGroup([], list(range(len(targets))), targets)]
+    )
+    for group in groups:
         prefix = encode_prefix(model, group.prefix) if group.prefix else None
         for i, rest in zip(group.indices, group.items):
             rows = rows_of[tuple(targets[i].tokens)]
             for s in range(0, len(rows), int(run["batch_size"])):
                 chunk = rows[s : s + int(run["batch_size"])]
-                out[chunk] = _patch_copies(model, rest.tokens, [layers[r] for r in chunk], vectors[chunk], prefix, names)
+                out[chunk] = _patch_copies(model, rest.tokens, [layers[r] for r in chunk], vectors[chunk], prefix)
                 bar.update(len(chunk))
     bar.close()
     return out
 
 
-
 def _patch_copies(
-    model: Model, tokens: list[int], layers: list[int], vec: Float[Tensor, "row d_model"], prefix: SharedPrefix | None, names: list[str]
+    model: Model, tokens: list[int], layers: list[int], vec: Float[Tensor, "row d_model"], prefix: SharedPrefix | None
 ) -> Float[Tensor, "row d_model"]:
     """Final residuals of ``tokens[-1]`` continuing ``prefix`` + ``tokens[:-1]``, once
     per row, row r patched at depth ``layers[r]`` (see :func:`patched_final_residuals`)."""
@@ -326,32 +276,36 @@ def _patch_copies(
     window = _sliding_window(model)
     if window is not None and n_prefix + len(context) + 1 > window:
         # Models with sliding-window layers take one mask per layer type.
-        mask = {"full_attention": mask, "sliding_attention": copy_attention_mask(n_prefix, len(context), n_copies, window).to(device)}
-    at = np.array(layers)
-    vec = vec.to(device=device)
-    n_blocks = len(names) - 1
-    final: dict[str, Tensor] = {}
+        mask = {
+            "full_attention": mask,
+            "sliding_attention": copy_attention_mask(n_prefix, len(context), n_copies, window).to(device),
+        }
+    n_blocks = model.info.n_blocks
+    at = torch.tensor(layers)
+    work = ForwardWork()
+    # A patch at depth L comes before the read at the same site, so it is what is read out.
+    for depth in sorted(set(layers)):
+        sel = torch.nonzero(at == depth).flatten()
+        work.write(depth_site(depth, n_blocks), torch.zeros_like(sel), len(context) + sel, vec[sel])
+    copies = torch.arange(len(context), len(context) + n_copies)
+    work.read("final", depth_site(n_blocks, n_blocks), torch.zeros_like(copies), copies)
+    got = model.backend.execute(ids, mask, work, position_ids=position_ids, prefix=prefix)
+    return got["final"].to(_out_device(model))
 
-    def hook_for(depth: int):
-        rows = np.flatnonzero(at == depth)
-        sel = torch.tensor(rows, device=device, dtype=torch.long)
 
-        def hook(x, hook):  # noqa: ARG001 - TransformerLens hook signature
-            if len(rows):
-                x = x.clone()
-                x[0, len(context) + sel] = vec[sel].to(x.dtype)
-            if depth == n_blocks:
-                # The patch (if any) comes first, so a layer-L patch is what is read out.
-                final["h"] = x[0, len(context) :].float()
-            return x
+@torch.no_grad()
+def truncated_residuals(
+    model: Model, tokens: Int[Tensor, "batch seq"], depth: int, attention_mask: Tensor | None = None
+) -> Float[Tensor, "batch seq d_model"]:
+    """The residual at ``depth`` (0..L) of every position, from a forward pass that
+    stops there: the blocks from ``depth`` on never run (a real early exit)."""
+    check_layers([depth], model.info.n_blocks)
+    return model.backend.truncated(tokens, attention_mask, int(depth))
 
-        return hook
 
-    hooks = [(names[d], hook_for(d)) for d in sorted(set(layers) | {n_blocks})]
-    options = {"attention_mask": mask, "position_ids": position_ids, "fwd_hooks": hooks, "logits_to_keep": 1}
-    with run_attention(model):
-        if prefix is None:
-            model.bridge.run_with_hooks(ids, **options)
-        else:
-            model.bridge.run_with_hooks(ids, cache=prefix.cache_for(1), use_cache=True, **options)
-    return final["h"].to(_out_device(model))
+@torch.no_grad()
+def model_logits(
+    model: Model, tokens: Int[Tensor, "batch seq"], attention_mask: Tensor | None = None
+) -> Float[Tensor, "batch seq d_vocab"]:
+    """The model's own logits at every position."""
+    return model.backend.logits(tokens, attention_mask)

@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from depthkit.engine.backends.base import BACKENDS
+from depthkit.engine.backends.bridge import BridgeBackend
 from depthkit.engine.catalog import (
     _BARE_HUB_IDS,
     DEFAULT_MODEL,
@@ -50,6 +52,7 @@ __all__ = [
     "ModelInfo",
     "ModelLoadError",
     "available_models",
+    "check_backend",
     "converted_dir",
     "embedded_gguf_path",
     "load_model",
@@ -115,15 +118,20 @@ def load_model(
     seed: int = 0,
     device_map: str | dict | None = None,
     n_layers: int = 4,
+    backend: str = "bridge",
+    remote: bool | str = False,
 ) -> Any:
-    """Load ``name`` as a TransformerLens ``TransformerBridge`` in eval mode.
+    """Load ``name`` in eval mode, as a TransformerLens ``TransformerBridge`` (the
+    default ``backend="bridge"``) or as an nnsight model (``backend="nnsight"``).
 
-    ``dtype``: "float32" (default), "bfloat16" or "float16" (or a torch dtype).
-    ``device``: "cpu", "cuda", "cuda:1", ...; None picks a GPU if there is one.
-    ``device_map`` is passed to transformers for hub models (e.g. ``"auto"`` to
-    spread a large model over several GPUs; then ``device`` is not used).
-    ``seed`` and ``n_layers`` only matter for tiny random-weight models.
-    ``trust_remote_code`` stays off unless the caller turns it on.
+    ``dtype``: "float32" (default), "bfloat16" or "float16" (or a torch dtype);
+    ``device``: "cpu", "cuda", "cuda:1", ... (None: a GPU if there is one).
+    ``device_map`` goes to transformers for hub models (``"auto"`` spreads a big
+    model over several GPUs; ``device`` is then not used).
+    ``seed`` and ``n_layers`` only matter for tiny random-weight models;
+    ``trust_remote_code`` stays off unless the caller turns it on. ``remote``
+    (nnsight only): True runs every forward pass on NDIF's servers (a hub id NDIF
+    hosts; weights stay there), "local" rehearses that path here.
 
     >>> import depthkit as dk
     >>> model = dk.load_model("tiny-llama", seed=0)
@@ -131,6 +139,8 @@ def load_model(
     ('tiny', 4, 64)
     """
     name, dtype, device = _checked_request(name, dtype, device, device_map)
+    if (remote := check_backend(backend, remote, name, device_map)) is True:
+        return _nnsight_models().load_remote(name, dtype=dtype, trust_remote_code=trust_remote_code)
     # The loaders stay inline: their warnings point (by stack level) at this call's caller.
     if name in EMBEDDED:
         hf_model, tok, hub_id = _load_embedded(name, dtype)
@@ -149,10 +159,42 @@ def load_model(
         close = difflib.get_close_matches(name, available_models(), n=1)
         did_you_mean = f" Did you mean {close[0]!r}?" if close else ""
         raise ModelLoadError(f"Unknown model {name!r}.{did_you_mean} {_names_hint()}")
+    _refuse_unsafe_bf16(hf_model.config, dtype, device)
+    if backend == "nnsight":
+        options = {"dtype": dtype, "device": device, "device_map": device_map, "remote": remote}
+        return _nnsight_models().nnsight_model(name, hf_model, tok, quant, source, **options)
     bridge, fingerprint = _boot_bridge(
         hf_model, tok, hub_id, dtype=dtype, device=device, trust_remote_code=trust_remote_code, device_map=device_map
     )
-    return Model(bridge, _model_info(name, hf_model.config, bridge, quant, source, fingerprint), tok)
+    return Model(BridgeBackend(bridge), _model_info(name, hf_model.config, bridge, quant, source, fingerprint), tok)
+
+
+def _nnsight_models() -> Any:
+    # Imported on use: nnsight is only needed by those who ask for it.
+    from depthkit.engine import nnsight_models
+
+    return nnsight_models
+
+
+def check_backend(backend: Any, remote: Any, name: str, device_map: Any) -> bool | str:
+    """``remote`` as False, True or "local", or a clear refusal of the combination."""
+    if backend not in BACKENDS:
+        raise ModelLoadError(f"backend {backend!r} is not one of {', '.join(map(repr, BACKENDS))}.")
+    if isinstance(remote, str):
+        low = remote.strip().lower()
+        remote = {"true": True, "false": False, "": False, "local": "local"}.get(low, remote)
+    if remote not in (False, True, "local"):
+        raise ModelLoadError(f"remote must be true, false or 'local' (a rehearsal of a remote run here), got {remote!r}.")
+    if remote and backend != "nnsight":
+        raise ModelLoadError("remote runs go through nnsight: pass backend='nnsight' (command line: --backend nnsight).")
+    if remote is True and (name in EMBEDDED or name in TINY or Path(name).expanduser().is_dir()):
+        raise ModelLoadError(
+            f"{name!r} is not on NDIF: remote runs use models NDIF hosts, named by hub id (e.g. "
+            "'meta-llama/Llama-3.1-70B'). Run it here without remote, or rehearse with remote='local'."
+        )
+    if remote is True and device_map is not None:
+        raise ModelLoadError("device_map places weights on this machine's GPUs; a remote run keeps them on NDIF. Drop one.")
+    return remote
 
 
 def _checked_request(
@@ -182,8 +224,6 @@ def _boot_bridge(
         # GGUF-derived and from_config models carry no architectures list, which the
         # bridge needs to pick its adapter.
         hf_model.config.architectures = [type(hf_model).__name__]
-    if dtype == torch.bfloat16 and device == "cpu":
-        _refuse_unsafe_bf16(hf_model.config)
     if device_map is None:
         # Tiny models are built in float32 whatever was asked.
         hf_model = hf_model.to(dtype=dtype)
@@ -216,9 +256,11 @@ def _model_info(name: str, cfg: Any, bridge: Any, quant: str, source: str, finge
     )
 
 
-def _refuse_unsafe_bf16(cfg: Any) -> None:
+def _refuse_unsafe_bf16(cfg: Any, dtype: torch.dtype, device: str) -> None:
     """bfloat16 weights on a CPU whose bfloat16 kernels crash or compute wrong (see
     depthkit.engine.precision) would kill the kernel mid-chapter: refuse at load time."""
+    if dtype != torch.bfloat16 or device != "cpu":
+        return
     from depthkit.engine.precision import MAX_REL_ERROR, bf16_verdict
 
     d, v = int(getattr(cfg, "hidden_size", 0) or getattr(cfg, "n_embd", 0)), int(cfg.vocab_size)

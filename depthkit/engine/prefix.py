@@ -4,7 +4,7 @@ Few-shot prompts repeat the same demonstrations before every question, and a
 patching sweep runs one target prompt once per layer with only its last position
 changed. Both spend most of their time on tokens whose residuals cannot differ
 between the runs (attention is causal). Here such a prefix runs once, keeping the
-model's key/value cache (Hugging Face's own cache object, through the bridge);
+model's key/value cache (Hugging Face's own cache object, through the backend);
 later runs feed only their suffix tokens, attending to the cached prefix.
 
 * :func:`common_prefix_length`: how many leading tokens a set of sequences shares;
@@ -25,8 +25,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-
-from depthkit.engine.attention import run_attention
 
 if TYPE_CHECKING:
     from depthkit.engine.handle import Model
@@ -81,12 +79,8 @@ def encode_prefix(model: Model, tokens: Sequence[int]) -> SharedPrefix:
     ids = [int(t) for t in tokens]
     if not ids:
         raise ValueError("A shared prefix needs at least one token.")
-    device = next(model.bridge.parameters()).device
-    x = torch.tensor([ids], device=device)
-    with run_attention(model):
-        _, cache = model.bridge(x, return_type="logits_and_cache", use_cache=True, logits_to_keep=1)
+    x = torch.tensor([ids], device=model.backend.device)
+    cache = model.backend.encode_prefix(x)
     if cache is None:
-        raise RuntimeError(
-            f"{type(model.bridge.original_model).__name__} returned no key/value cache; run without a shared prefix."
-        )
+        raise RuntimeError(f"{model.info.name} returned no key/value cache; run without a shared prefix.")
     return SharedPrefix(ids, cache)

@@ -73,25 +73,25 @@ class Readout:
     ``dtype=None`` (what :meth:`Lens.readout` uses) calls the model's own unembedding
     module, so the readout of the final residual *is* the model's logits. With a
     ``dtype`` (training and held-out metrics), the unembedding is held as a
-    contiguous copy in that dtype (TransformerBridge exposes W_U as a transposed
+    contiguous copy in that dtype (the backends expose W_U as a transposed
     view, which is several times slower to multiply with on CPU); choose the dtype
     with :func:`depthkit.engine.precision.matmul_dtype`. The norm is always the model's own
     module, so every architecture is covered.
     """
 
     def __init__(self, model, dtype: torch.dtype | None = None) -> None:
-        cfg = getattr(model.bridge.original_model, "config", None)
-        self.softcap = float(getattr(cfg, "final_logit_softcapping", None) or 0.0)
-        self.norm = model.bridge.ln_final
-        self.unembed = model.bridge.unembed
-        W = model.bridge.unembed.W_U.detach()  # [d_model, d_vocab]
+        parts = model.backend.readout_parts()
+        self.softcap = parts.softcap
+        self.norm = parts.norm
+        self.unembed = parts.unembed
+        W = parts.W_U  # [d_model, d_vocab]
         self.norm_dtype = W.dtype  # the model's own precision
         self.W: Tensor | None = None
         self.b: Tensor | None = None
         # Whether every readout goes through W (a Readout with a dtype), or only
         # products written into a caller's buffer (below) while the rest call the module.
         self.own_copy = dtype is not None
-        head = getattr(model.bridge.unembed, "original_component", None)
+        head = parts.head
         if dtype is not None:
             self.W = W.to(dtype).contiguous()
         elif (
@@ -105,12 +105,10 @@ class Readout:
         if self.W is not None:
             # The bridge gives bias-free heads a zero bias; adding it would be one more
             # pass over the logits for nothing.
-            b = getattr(model.bridge.unembed, "b_U", None)
-            self.b = None if b is None or not bool(b.detach().abs().sum() > 0) else b.detach().float()
+            b = parts.b_U
+            self.b = None if b is None or not bool(b.abs().sum() > 0) else b.float()
 
-    def __call__(
-        self, h: Float[Tensor, "... d_model"], out: Float[Tensor, " n"] | None = None
-    ) -> Float[Tensor, "... d_vocab"]:
+    def __call__(self, h: Float[Tensor, "... d_model"], out: Float[Tensor, " n"] | None = None) -> Float[Tensor, "... d_vocab"]:
         """Logits of ``h``. ``out``: a float32 buffer of at least as many entries to
         hold them: a fresh vocabulary-sized tensor costs a round of page faults,
         which on CPU is as slow as a fifth of the product. Without a dtype, the
@@ -174,9 +172,9 @@ class Lens(torch.nn.Module):
         object.__setattr__(self, "_model", model)
         object.__setattr__(self, "_readout", Readout(model))
         self.softcap = self._readout.softcap
-        self.n_blocks = int(model.bridge.cfg.n_layers)
-        self.d_model = int(model.bridge.cfg.d_model)
-        self.d_vocab = int(model.bridge.cfg.d_vocab)
+        self.n_blocks = model.info.n_blocks
+        self.d_model = model.info.d_model
+        self.d_vocab = model.info.d_vocab
 
     @property
     def model(self):
@@ -185,9 +183,7 @@ class Lens(torch.nn.Module):
     def translate(self, h: Float[Tensor, "... d_model"], translator: int | None) -> Float[Tensor, "... d_model"]:
         return h
 
-    def readout(
-        self, h: Float[Tensor, "... d_model"], out: Float[Tensor, " n"] | None = None
-    ) -> Float[Tensor, "... d_vocab"]:
+    def readout(self, h: Float[Tensor, "... d_model"], out: Float[Tensor, " n"] | None = None) -> Float[Tensor, "... d_vocab"]:
         """Logits of ``h`` (float32); into the buffer ``out`` where given (see :class:`Readout`)."""
         return self._readout(h, out)
 

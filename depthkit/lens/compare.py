@@ -40,7 +40,7 @@ def compare_lenses(
     if not lenses:
         raise ValueError("compare_lenses needs at least one lens, e.g. {'logit': LogitLens(model)}.")
     items = make_items(model, list(prompts), positions="last", on_overflow=on_overflow)
-    n_blocks = int(model.bridge.cfg.n_layers)
+    n_blocks = model.info.n_blocks
     plan = layer_plan(n_blocks, convention)  # type: ignore[arg-type]
     needed = sorted({s.layer for s in plan} | {n_blocks})
     local = [LayerStep(needed.index(s.layer), s.translator) for s in plan]
@@ -61,7 +61,9 @@ def compare_lenses(
     steps["lens"] = steps["lens"].astype(str)
     per_layer = (
         steps.groupby(["lens", "layer"], sort=False)
-        .agg(kl=("kl_to_final", "mean"), top1_agreement=("agrees", "mean"), frequent_share=("frequent", "mean"), n=("item", "size"))
+        .agg(
+            kl=("kl_to_final", "mean"), top1_agreement=("agrees", "mean"), frequent_share=("frequent", "mean"), n=("item", "size")
+        )
         .reset_index()
     )
     return per_layer, steps

@@ -89,9 +89,7 @@ def _final_top1(readout: Readout, h_final: Float[Tensor, "n d_model"], chunk: in
 
 
 @torch.no_grad()
-def _ridge_init(
-    lens: TunedLens, resid: Float[Tensor, "depth n d_model"], weights: Float[Tensor, " n"], ridge: float
-) -> None:
+def _ridge_init(lens: TunedLens, resid: Float[Tensor, "depth n d_model"], weights: Float[Tensor, " n"], ridge: float) -> None:
     """Per layer, the weighted ridge regression of the RMS-normalised final residual
     on h_ℓ (intercept unpenalised), written as A = Wᵀ - I, b = intercept."""
     d = resid.shape[-1]
@@ -114,7 +112,6 @@ def _ridge_init(
         W = torch.linalg.solve(xtx + lam * eye, xty)  # [d_in, d_out]
         lens.A.data[l] = (W.T - eye).float()
         lens.b.data[l] = (y_mean.double() - x_mean.double() @ W).float()
-
 
 
 def train_tuned_lens(
@@ -185,7 +182,7 @@ def _fit(
     n = resid.shape[1]
     # bfloat16 only where a child-process probe saw it run, right and faster
     # (a bad kernel kills the process: see depthkit.engine.precision).
-    device = lens.model.unembed.W_U.device
+    device = model.backend.out_device
     n_held = int(resid_held.shape[1])
     train_rows = (min(cfg.batch_positions, n),) if cfg.steps > 0 else ()
     eval_rows = (min(EVAL_CHUNK, n_held), n_held % EVAL_CHUNK, _dtype_check_positions(n_held))
@@ -214,7 +211,9 @@ def _fit(
     return _Fit(dtype, eval_dtype, train_verdict or eval_verdict, weights, down_ids, metrics_init, losses, metrics, eval_check)
 
 
-def _position_weights(model: Model, cfg: TrainConfig, resid: Float[Tensor, "depth n d_model"]) -> tuple[Float[Tensor, " n"], list[int]]:
+def _position_weights(
+    model: Model, cfg: TrainConfig, resid: Float[Tensor, "depth n d_model"]
+) -> tuple[Float[Tensor, " n"], list[int]]:
     """Training weight of every position (down-weighted where ``cfg`` says), and the
     token ids whose positions are down-weighted."""
     weights = torch.ones(resid.shape[1])
@@ -236,7 +235,9 @@ def _final_metrics(
     dkey = str(eval_dtype)
     if dkey not in data.logit_metrics:
         data.logit_metrics[dkey] = heldout_metrics(lens, resid_held, dtype=eval_dtype, variants=["logit"])
-    metrics = pd.concat([data.logit_metrics[dkey], heldout_metrics(lens, resid_held, dtype=eval_dtype, variants=["tuned"])], ignore_index=True)
+    metrics = pd.concat(
+        [data.logit_metrics[dkey], heldout_metrics(lens, resid_held, dtype=eval_dtype, variants=["tuned"])], ignore_index=True
+    )
     timing["eval_s"] += time.perf_counter() - t3
     eval_check = None
     if eval_dtype != torch.float32:

@@ -102,9 +102,7 @@ class Trajectories:
         s = self.steps[self.steps["item"] == item]
         if position is None:
             position = int(s["position"].max())
-        return s[s["position"] == position][["layer", "top1_token", "top1_prob", "entropy", "kl_to_final"]].reset_index(
-            drop=True
-        )
+        return s[s["position"] == position][["layer", "top1_token", "top1_prob", "entropy", "kl_to_final"]].reset_index(drop=True)
 
 
 # Items per forward pass by default. Bigger batches multiply bigger matrices, which
@@ -131,8 +129,6 @@ class TokenNames:
                 s = self.cache[i] = self.tok.decode([i])
             out[j] = s
         return out
-
-
 
 
 def trajectories(
@@ -177,7 +173,7 @@ def trajectories(
         model, prompts, top_k, batch_size, positions=positions, targets=targets, on_overflow=on_overflow
     )
     lens_obj = get_lens(model, lens)
-    plan = layer_plan(int(model.bridge.cfg.n_layers), convention)
+    plan = layer_plan(model.info.n_blocks, convention)
     groups = shared_prefix_groups(items) if share_prefix else [PrefixGroup([], list(range(len(items))), list(items))]
     bar = tqdm(total=len(items), desc=f"{lens_obj.name} lens", unit="prompt", disable=not progress, leave=False)
     step_rows, topk_rows, target_rows = _read_batches(
@@ -241,7 +237,7 @@ def _read_batches(
     bar: tqdm,
 ) -> tuple[list[pd.DataFrame], list[pd.DataFrame], list[pd.DataFrame]]:
     """Rows of the steps, top-k and targets tables, batch by batch, in the order run."""
-    n_blocks = int(model.bridge.cfg.n_layers)
+    n_blocks = model.info.n_blocks
     needed = sorted({s.layer for s in plan} | {n_blocks})
     depth_index = {d: i for i, d in enumerate(needed)}
     local_plan = [LayerStep(depth_index[s.layer], s.translator) for s in plan]
@@ -338,4 +334,3 @@ def _target_frame(dec, layer_ids, item_col, pos_col, target_names, extra: Tensor
             "logit": dec.target_logit.reshape(-1).cpu().numpy(),
         }
     )
-

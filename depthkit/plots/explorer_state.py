@@ -58,14 +58,21 @@ class Explorer:
     :class:`ExplorerInputError` and change nothing when they refuse.
     """
 
-    def __init__(self, model: Model, lens: str | os.PathLike | Lens = "logit", *, convention: Convention = "canonical",
-                 top_k: int = 10, max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
+    def __init__(
+        self,
+        model: Model,
+        lens: str | os.PathLike | Lens = "logit",
+        *,
+        convention: Convention = "canonical",
+        top_k: int = 10,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+    ) -> None:
         if top_k < 1:
             raise ValueError(f"top_k must be at least 1, got {top_k}.")
         self.model = model
         self.tokenizer = model.tokenizer
-        self.n_blocks = int(model.bridge.cfg.n_layers)
-        self.top_k = min(int(top_k), int(model.bridge.cfg.d_vocab))
+        self.n_blocks = model.info.n_blocks
+        self.top_k = min(int(top_k), model.info.d_vocab)
         self.max_tokens = min(int(max_tokens), int(model.info.n_ctx))
         self._names = TokenNames(self.tokenizer)
         # One entry per registered kind; None until asked for, since a trained kind
@@ -107,8 +114,10 @@ class Explorer:
         if not ids:
             raise ExplorerInputError(f"The prompt {text[:40]!r} tokenises to nothing; type some words.")
         if len(ids) > self.max_tokens:
-            raise ExplorerInputError(f"The prompt is {len(ids)} tokens; the explorer shows at most {self.max_tokens} (a "
-                                     f"wider grid is unreadable and slow). Shorten it, or call dk.explore(model, max_tokens={len(ids)}).")
+            raise ExplorerInputError(
+                f"The prompt is {len(ids)} tokens; the explorer shows at most {self.max_tokens} (a "
+                f"wider grid is unreadable and slow). Shorten it, or call dk.explore(model, max_tokens={len(ids)})."
+            )
         start = time.perf_counter()
         with torch.inference_mode():
             resid = collect_residuals(self.model, [Item(ids, list(range(len(ids))))])
@@ -137,8 +146,10 @@ class Explorer:
             if self._lenses[name] is None:
                 self._lenses[name] = self._saved_tuned_lens() if name == "tuned" else get_lens(self.model, name)
         else:
-            raise ExplorerInputError(f"Unknown lens {lens!r}: choose {' or '.join(repr(n) for n in self._lenses)}, "
-                                     "the path of a saved .safetensors lens, or a Lens object.")
+            raise ExplorerInputError(
+                f"Unknown lens {lens!r}: choose {' or '.join(repr(n) for n in self._lenses)}, "
+                "the path of a saved .safetensors lens, or a Lens object."
+            )
         self._apply(lens_name=name)
 
     def _saved_tuned_lens(self) -> Lens:
@@ -148,7 +159,8 @@ class Explorer:
             raise ExplorerInputError(
                 f"No tuned lens is saved for {self.model.info.name!r} yet, and training one takes minutes, so the "
                 "explorer does not start it. Train it once with `lens = dk.lens_for(model, 'tuned')`, then "
-                "`dk.explore(model, lens=lens)`; or pass the path of a saved .safetensors lens. Staying on the logit lens.")
+                "`dk.explore(model, lens=lens)`; or pass the path of a saved .safetensors lens. Staying on the logit lens."
+            )
         try:
             return get_lens(self.model, "tuned")
         except ValueError as err:  # a damaged or foreign file: LensFileError says which and how to fix it
@@ -219,7 +231,9 @@ class Explorer:
         cols = ["layer", "position", "target_id", "target_token", "rank", "prob"]
         if self.target_id is None:
             return pd.DataFrame(columns=cols)
-        out = g[["layer", "position", "target_rank", "target_prob"]].rename(columns={"target_rank": "rank", "target_prob": "prob"})
+        out = g[["layer", "position", "target_rank", "target_prob"]].rename(
+            columns={"target_rank": "rank", "target_prob": "prob"}
+        )
         out.insert(2, "target_id", self.target_id)
         out.insert(3, "target_token", self.token(self.target_id))
         return out[cols].reset_index(drop=True)
@@ -270,16 +284,30 @@ class Explorer:
         top_ids = dec.top_ids.reshape(-1, k).cpu().numpy().astype(np.int64)
         top_probs = dec.top_probs.reshape(-1, k).cpu().numpy()
         # Rows come out layer by layer, position by position: already the tables' order.
-        grid = pd.DataFrame({"layer": layer, "position": position,
-                             "input_token": np.tile(np.array(self.input_tokens(), dtype=object), n_steps),
-                             "token_id": top_ids[:, 0], "token": self._names(top_ids[:, 0]), "prob": top_probs[:, 0]})
+        grid = pd.DataFrame(
+            {
+                "layer": layer,
+                "position": position,
+                "input_token": np.tile(np.array(self.input_tokens(), dtype=object), n_steps),
+                "token_id": top_ids[:, 0],
+                "token": self._names(top_ids[:, 0]),
+                "prob": top_probs[:, 0],
+            }
+        )
         if extra is None:
             grid["target_rank"] = pd.array([pd.NA] * len(grid), dtype="Int64")
             grid["target_prob"] = np.nan
         else:  # column 0 of the decoder's targets is always the final top-1; ours is column 1
             grid["target_rank"] = pd.array(dec.target_rank[..., 1].reshape(-1).cpu().numpy(), dtype="Int64")
             grid["target_prob"] = dec.target_prob[..., 1].reshape(-1).cpu().numpy()
-        topk = pd.DataFrame({"layer": np.repeat(layer, k), "position": np.repeat(position, k),
-                             "k": np.tile(np.arange(1, k + 1, dtype=np.int64), len(layer)), "token_id": top_ids.reshape(-1),
-                             "token": self._names(top_ids.reshape(-1)), "prob": top_probs.reshape(-1)})
+        topk = pd.DataFrame(
+            {
+                "layer": np.repeat(layer, k),
+                "position": np.repeat(position, k),
+                "k": np.tile(np.arange(1, k + 1, dtype=np.int64), len(layer)),
+                "token_id": top_ids.reshape(-1),
+                "token": self._names(top_ids.reshape(-1)),
+                "prob": top_probs.reshape(-1),
+            }
+        )
         return _Tables(grid, topk)

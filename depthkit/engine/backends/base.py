@@ -1,0 +1,87 @@
+"""What a backend offers depthkit: the :class:`Backend` protocol and the parts of
+the model's readout (:class:`ReadoutParts`) that lenses decode with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from depthkit.engine.work import ForwardWork
+
+__all__ = ["BACKENDS", "Backend", "ReadoutParts"]
+
+BACKENDS = ("bridge", "nnsight")
+
+
+@dataclass(frozen=True)
+class ReadoutParts:
+    """The model's own readout, as a lens needs it.
+
+    ``norm``: the final norm module; ``unembed``: the module giving logits from
+    normed residuals; ``W_U`` ``[d_model, d_vocab]`` and ``b_U`` (``None`` without a
+    bias) its weights; ``head``: the plain ``torch.nn.Linear`` behind ``unembed``
+    where there is one (its weight can be multiplied directly), else ``None``;
+    ``softcap``: the final logit soft-cap (0 without one).
+    """
+
+    norm: Any
+    unembed: Any
+    W_U: Float[Tensor, "d_model d_vocab"]
+    b_U: Float[Tensor, " d_vocab"] | None
+    head: torch.nn.Module | None
+    softcap: float
+
+
+class Backend(Protocol):
+    """A model that runs forward passes for depthkit (see the package docstring).
+
+    ``network`` is the object a user of that engine would hold (a
+    ``TransformerBridge``, an nnsight model), ``config`` the Hugging Face config.
+    """
+
+    name: str
+    network: Any
+    config: Any
+    supports_prefix: bool
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def out_device(self) -> torch.device: ...
+
+    def execute(
+        self,
+        tokens: Int[Tensor, "batch seq"],
+        attention_mask: Tensor | dict[str, Tensor],
+        work: ForwardWork,
+        *,
+        position_ids: Int[Tensor, "batch seq"] | None = None,
+        prefix: Any = None,
+    ) -> dict[str, Float[Tensor, "row d_model"]]:
+        """Run one pass doing ``work``; the reads by key, float32 on :attr:`out_device`.
+        ``prefix``: a :class:`~depthkit.engine.prefix.SharedPrefix` the tokens
+        continue (``attention_mask`` then covers the prefix's columns too)."""
+        ...
+
+    def encode_prefix(self, tokens: Int[Tensor, "1 seq"]) -> Any:
+        """The key/value cache after running ``tokens`` (where :attr:`supports_prefix`)."""
+        ...
+
+    def truncated(
+        self, tokens: Int[Tensor, "batch seq"], attention_mask: Tensor | None, depth: int
+    ) -> Float[Tensor, "batch seq d_model"]:
+        """The residual at ``depth``, from a pass that stops there."""
+        ...
+
+    def logits(self, tokens: Int[Tensor, "batch seq"], attention_mask: Tensor | None) -> Float[Tensor, "batch seq d_vocab"]:
+        """The model's logits at every position."""
+        ...
+
+    def readout_parts(self) -> ReadoutParts:
+        """The final norm and unembedding (see :class:`ReadoutParts`)."""
+        ...

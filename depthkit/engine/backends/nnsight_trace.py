@@ -1,0 +1,243 @@
+"""The nnsight backend: the Hugging Face model itself, inside an nnsight trace.
+
+A :class:`~depthkit.engine.work.ForwardWork` becomes the body of one
+``model.trace(...)``: at each site, in forward order, read the block's input, the
+stream before its MLP, or its output, do that site's steps, and save the reads.
+The body uses nothing but torch, nnsight and plain data, so the same trace runs
+here, across the GPUs of one machine (``device_map``), or on NDIF's servers
+(``remote=True``), which have never seen depthkit's code. ``remote="local"`` is
+nnsight's serverless rehearsal of a remote run: the request is serialised and run
+back here with depthkit's modules hidden, as a server would.
+
+Remote runs cannot ship a key/value cache, so prompts that share a prefix run
+whole (:attr:`NNsightBackend.supports_prefix` is off); each request's answer is
+kept (:class:`~depthkit.engine.backends.remote.RequestStore`) so an interrupted
+chapter resumes. The lens readout runs here, from the model's final norm and
+unembedding: a remote model's are loaded from its checkpoint files alone
+(:mod:`depthkit.engine.backends.head`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from depthkit.engine.backends.base import ReadoutParts
+from depthkit.engine.backends.layout import Layout, find_layout, submodule
+from depthkit.engine.backends.remote import RemoteRunError, RequestStore
+from depthkit.engine.work import ForwardWork
+
+__all__ = ["NNsightBackend", "wrap"]
+
+
+def wrap(hf_model: Any, tokenizer: Any) -> Any:
+    """``hf_model`` as an nnsight model (a ``TransformersModel`` for text generation)."""
+    from nnsight import TransformersModel
+
+    return TransformersModel(hf_model, task="text-generation", tokenizer=tokenizer)
+
+
+class NNsightBackend:
+    """Forward passes of an nnsight model (see the module docstring).
+
+    ``lm``: the nnsight model; ``hf_model``: the Hugging Face model it wraps (weights
+    here, or on the meta device for a remote model); ``remote``: False, True (NDIF)
+    or "local" (the rehearsal); ``readout``: the final norm and unembedding where
+    ``hf_model`` does not hold them (a remote model); ``store``: where answers of
+    remote requests are kept.
+    """
+
+    name = "nnsight"
+
+    def __init__(
+        self, lm: Any, hf_model: Any, *, remote: bool | str = False, readout: ReadoutParts | None = None,
+        store: RequestStore | None = None,
+    ) -> None:  # fmt: skip
+        self.network = lm
+        self.hf_model = hf_model
+        self.config = hf_model.config
+        self.remote = remote
+        self.layout: Layout = find_layout(hf_model)
+        self.supports_prefix = not remote
+        self._layers = submodule(lm, self.layout.layers)
+        # The module that builds the attention masks and runs the blocks (e.g. `model`).
+        self._body = submodule(lm, self.layout.layers.rsplit(".", 1)[0]) if "." in self.layout.layers else lm
+        self._readout = readout
+        self.store = (
+            store if store is not None or not remote else RequestStore(f"{type(hf_model).__name__}:{_model_id(hf_model)}")
+        )
+
+    @property
+    def device(self) -> torch.device:
+        d = next(self.hf_model.parameters()).device
+        return torch.device("cpu") if d.type == "meta" else d
+
+    @property
+    def out_device(self) -> torch.device:
+        return self.readout_parts().W_U.device
+
+    def execute(
+        self,
+        tokens: Int[Tensor, "batch seq"],
+        attention_mask: Tensor | dict[str, Tensor],
+        work: ForwardWork,
+        *,
+        position_ids: Int[Tensor, "batch seq"] | None = None,
+        prefix: Any = None,
+    ) -> dict[str, Float[Tensor, "row d_model"]]:
+        # nnsight pads and batches per-row inputs itself and takes only tensors; a
+        # per-layer-type mask (sliding-window models) goes straight to the module
+        # that reads it, inside the trace.
+        per_type = attention_mask if isinstance(attention_mask, dict) else None
+        if per_type is not None:
+            attention_mask = per_type["full_attention"]
+        kwargs: dict[str, Any] = {"attention_mask": attention_mask, "logits_to_keep": 1}
+        if position_ids is not None:
+            kwargs["position_ids"] = position_ids
+        if prefix is not None:
+            if not self.supports_prefix:
+                raise ValueError("A remote nnsight run cannot continue a cached prefix; run the prompts whole.")
+            kwargs.update(cache=prefix.cache_for(len(tokens)), use_cache=True)
+        if self.layout.mid is None and any(s.where == "mid" for s in work.steps()):
+            raise ValueError(
+                f"{type(self.hf_model).__name__} runs attention and MLP in parallel: there is no residual between them "
+                "to read (site 'mid')."
+            )
+        plan = [(s.block, s.where, s.skip, s.stash, list(s.writes), list(s.reads)) for s in work.steps()]
+        if not self.remote:
+            got = self._trace(tokens, kwargs, per_type, plan, work.stop_after_reads)
+        else:
+            got = self._remote_trace(tokens, kwargs, per_type, plan, work.stop_after_reads)
+        out = self.out_device
+        return {k: got[k].float().to(out) for k in work.keys()}
+
+    def _remote_trace(
+        self, tokens: Tensor, kwargs: dict[str, Any], per_type: dict | None, plan: list, stop: bool
+    ) -> dict[str, Tensor]:
+        assert self.store is not None
+        key = self.store.key(tokens, kwargs, per_type, plan, stop)
+        got = self.store.get(key)
+        if got is None:
+            try:
+                got = dict(self._trace(tokens, kwargs, per_type, plan, stop))
+            except Exception as err:  # noqa: BLE001 - every failure of a request gets the same advice
+                raise _remote_error(err, self.store) from err
+            self.store.sent += 1
+            self.store.put(key, got)
+        return got
+
+    def _trace(
+        self, tokens: Tensor, kwargs: dict[str, Any], per_type: dict | None, plan: list, stop: bool
+    ) -> dict[str, Tensor]:
+        # The body below is what a remote server runs: torch, nnsight and the plain
+        # data in `plan` only (no depthkit names), one access per site, in forward order.
+        import nnsight
+
+        lm, body, layers, mid, remote = self.network, self._body, self._layers, self.layout.mid, self.remote
+        with lm.trace(tokens, remote=remote, **kwargs) as tracer:
+            got = nnsight.save({})
+            stash = {}
+            if per_type is not None:
+                args, named = body.inputs
+                body.inputs = (args, {**named, "attention_mask": per_type})
+            for block, where, skip, keep, writes, reads in plan:
+                layer = layers[block]
+                if where == "pre":
+                    x = layer.input
+                elif where == "mid":
+                    x = getattr(layer, mid).input
+                else:
+                    out = layer.output
+                    x = out[0] if isinstance(out, tuple) else out
+                if keep:
+                    stash[block] = x.clone()
+                if skip:
+                    x = stash.pop(block)
+                if writes:
+                    x = x.clone()
+                    for rows, positions, vectors in writes:
+                        x[rows.to(x.device), positions.to(x.device)] = vectors.to(device=x.device, dtype=x.dtype)
+                if skip or writes:
+                    if where == "pre":
+                        layer.input = x
+                    elif where == "mid":
+                        getattr(layer, mid).input = x
+                    else:
+                        layer.output = (x, *out[1:]) if isinstance(out, tuple) else x
+                for key, rows, positions in reads:
+                    got[key] = x[rows.to(x.device), positions.to(x.device)].float()
+            if stop:
+                tracer.stop()
+        return got
+
+    def encode_prefix(self, tokens: Int[Tensor, "1 seq"]) -> Any:
+        if not self.supports_prefix:
+            raise ValueError("A remote nnsight run keeps no key/value cache; run the prompts whole.")
+        out = self.hf_model(tokens.to(self.device), use_cache=True, logits_to_keep=1)
+        return out.past_key_values
+
+    def truncated(
+        self, tokens: Int[Tensor, "batch seq"], attention_mask: Tensor | None, depth: int
+    ) -> Float[Tensor, "batch seq d_model"]:
+        from depthkit.engine.work import depth_site
+
+        b, s = tokens.shape
+        rows, positions = torch.arange(b).repeat_interleave(s), torch.arange(s).repeat(b)
+        work = ForwardWork(stop_after_reads=True).read("h", depth_site(int(depth), self.layout_blocks), rows, positions)
+        mask = torch.ones_like(tokens) if attention_mask is None else attention_mask
+        return self.execute(tokens, mask, work)["h"].view(b, s, -1)
+
+    @property
+    def layout_blocks(self) -> int:
+        return len(submodule(self.hf_model, self.layout.layers))
+
+    def logits(self, tokens: Int[Tensor, "batch seq"], attention_mask: Tensor | None) -> Float[Tensor, "batch seq d_vocab"]:
+        h = self.truncated(tokens, attention_mask, self.layout_blocks)
+        parts = self.readout_parts()
+        z = parts.unembed(parts.norm(h.to(parts.W_U.dtype))).float()
+        if parts.softcap > 0:
+            z = torch.tanh(z / parts.softcap) * parts.softcap
+        return z
+
+    def readout_parts(self) -> ReadoutParts:
+        if self._readout is None:
+            self._readout = readout_of(self.hf_model, self.layout)
+        return self._readout
+
+
+def readout_of(hf_model: Any, layout: Layout) -> ReadoutParts:
+    """The readout of a model whose weights are here."""
+    head = submodule(hf_model, layout.head)
+    b = getattr(head, "bias", None)
+    return ReadoutParts(
+        norm=submodule(hf_model, layout.norm),
+        unembed=head,
+        W_U=head.weight.detach().T,
+        b_U=None if b is None else b.detach(),
+        head=head if type(head) is torch.nn.Linear else None,
+        softcap=float(getattr(hf_model.config, "final_logit_softcapping", None) or 0.0),
+    )
+
+
+def _model_id(hf_model: Any) -> str:
+    return str(getattr(hf_model.config, "_name_or_path", "") or getattr(hf_model, "name_or_path", "") or "unnamed")
+
+
+def _remote_error(err: Exception, store: RequestStore) -> RemoteRunError:
+    from depthkit.engine.backends.remote import KEY_HELP
+
+    text = f"{type(err).__name__}: {str(err)[:400]}"
+    if "401" in text or "403" in text or "api key" in text.lower() or "unauthor" in text.lower():
+        what = f"NDIF refused the request (the API key is missing, wrong or not allowed this model). {KEY_HELP}"
+    else:
+        what = (
+            "The remote request failed. Check that the model is running on NDIF (https://nnsight.net/status) and "
+            "that this machine reaches api.ndif.us; a smaller batch_size makes each request lighter."
+        )
+    return RemoteRunError(
+        f"{what} Batches already returned are kept in {store.folder} ({store.sent} sent, {store.reused} reused in "
+        f"this run): running the same command again sends only the rest.\n(cause: {text})"
+    )

@@ -1,0 +1,105 @@
+"""What one forward pass does to the residual stream, said without hooks.
+
+depthkit reads and writes the residual stream at three *sites* per block: its input
+(``"pre"``, TransformerLens's ``hook_resid_pre``), the stream between attention and
+MLP (``"mid"``, ``hook_resid_mid``) and its output (``"post"``,
+``hook_resid_post``). Depth ℓ < L is the site ``(ℓ, "pre")``; depth L is
+``(L - 1, "post")``.
+
+A :class:`ForwardWork` lists, for one pass, which rows to read where, which vectors
+to write where, and which block's update to remove. It is plain data (ints and
+tensors), so every backend (:mod:`depthkit.engine.backends`) can carry it out: the
+TransformerLens bridge with hooks, nnsight inside a trace, locally or on a remote
+server that has never seen depthkit's code.
+
+At one site the steps run in this order: a removed block's output is replaced by
+its input, then vectors are written, then rows are read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from jaxtyping import Float, Int
+from torch import Tensor
+
+__all__ = ["WHERE", "ForwardWork", "SiteSteps", "depth_site"]
+
+# Sites within a block, in the order the forward pass reaches them.
+WHERE = ("pre", "mid", "post")
+
+
+def depth_site(depth: int, n_blocks: int) -> tuple[int, str]:
+    """The site of residual depth ``depth`` (0..L).
+
+    >>> depth_site(0, 4), depth_site(3, 4), depth_site(4, 4)
+    ((0, 'pre'), (3, 'pre'), (3, 'post'))
+    """
+    if not 0 <= depth <= n_blocks:
+        raise ValueError(f"Depth {depth} is outside 0..{n_blocks} (0 = embeddings, {n_blocks} = final residual).")
+    return (depth, "pre") if depth < n_blocks else (n_blocks - 1, "post")
+
+
+@dataclass
+class SiteSteps:
+    """Everything one pass does at one site, in the order it is done."""
+
+    block: int
+    where: str
+    skip: bool = False  # replace this block's output by its input ("post" only)
+    stash: bool = False  # keep this block's input for a later skip ("pre" only)
+    writes: list[tuple[Int[Tensor, " row"], Int[Tensor, " row"], Float[Tensor, "row d_model"]]] = field(default_factory=list)
+    reads: list[tuple[str, Int[Tensor, " row"], Int[Tensor, " row"]]] = field(default_factory=list)
+
+
+@dataclass
+class ForwardWork:
+    """The reads, writes and removed block of one forward pass (see the module
+    docstring). Build it with :meth:`read`, :meth:`write` and :meth:`skip`; backends
+    walk :meth:`steps`. ``stop_after_reads``: the pass may stop once the last read
+    is done (a truncated forward pass; nothing after it is needed).
+
+    >>> import torch
+    >>> work = ForwardWork().read("h2", (2, "pre"), torch.tensor([0]), torch.tensor([3]))
+    >>> [(s.block, s.where, [r[0] for r in s.reads]) for s in work.steps()]
+    [(2, 'pre', ['h2'])]
+    """
+
+    sites: dict[tuple[int, str], SiteSteps] = field(default_factory=dict)
+    stop_after_reads: bool = False
+
+    def _site(self, site: tuple[int, str]) -> SiteSteps:
+        block, where = int(site[0]), str(site[1])
+        if where not in WHERE:
+            raise ValueError(f"Unknown site {where!r}; choose one of {', '.join(WHERE)}.")
+        return self.sites.setdefault((block, where), SiteSteps(block, where))
+
+    def read(self, key: str, site: tuple[int, str], rows: Int[Tensor, " row"], positions: Int[Tensor, " row"]) -> ForwardWork:
+        """Read ``h[rows, positions]`` at ``site`` as float32, returned under ``key``."""
+        self._site(site).reads.append((key, rows, positions))
+        return self
+
+    def write(
+        self,
+        site: tuple[int, str],
+        rows: Int[Tensor, " row"],
+        positions: Int[Tensor, " row"],
+        vectors: Float[Tensor, "row d_model"],
+    ) -> ForwardWork:
+        """Write ``vectors`` into ``h[rows, positions]`` at ``site``."""
+        self._site(site).writes.append((rows, positions, vectors))
+        return self
+
+    def skip(self, block: int) -> ForwardWork:
+        """Remove block ``block``'s update: its output becomes its input."""
+        self._site((block, "pre")).stash = True
+        self._site((block, "post")).skip = True
+        return self
+
+    def steps(self) -> list[SiteSteps]:
+        """The sites in the order the forward pass reaches them."""
+        return [self.sites[k] for k in sorted(self.sites, key=lambda k: (k[0], WHERE.index(k[1])))]
+
+    def keys(self) -> list[str]:
+        """The keys of every read, in the order they are done."""
+        return [key for s in self.steps() for key, _, _ in s.reads]
