@@ -162,22 +162,31 @@ def test_remote_rehearsal_equals_local_and_ships_no_depthkit_code(pairs, rehears
     _close(patched_final_residuals(pairs["llama"][0], seqs, [1, 4], vectors), patched_final_residuals(rehearsal, seqs, [1, 4], vectors))
 
 
+def test_a_chapters_passes_go_a_few_dozen_to_a_request(rehearsal):
+    items = [Item([1, *range(10 + i, 20 + i)], [10]) for i in range(40)]
+    local = residual_rows(dk.load_model("tiny-llama", seed=0), items, batch_size=1)
+    _close(residual_rows(rehearsal, items, batch_size=1), local)
+    assert rehearsal.backend.store.sent == 2  # 40 passes, 32 to a request
+    assert len(list(rehearsal.backend.store.folder.glob("*.safetensors"))) == 40  # each kept on its own
+
+
 def test_remote_answers_are_kept_and_an_interrupted_run_resumes(rehearsal, monkeypatch):
     backend = rehearsal.backend
+    backend.calls_per_request = 1  # one pass per request, so that the third request can fail alone
     items = [Item([1, *range(10 + i, 20 + i)], [10]) for i in range(6)]
-    real_trace, calls = backend._trace, []
+    real_session, calls = backend._session, []
 
     def flaky(*args, **kwargs):
         calls.append(1)
         if len(calls) == 3:
             raise ConnectionError("connection reset by peer")
-        return real_trace(*args, **kwargs)
+        return real_session(*args, **kwargs)
 
-    monkeypatch.setattr(backend, "_trace", flaky)
+    monkeypatch.setattr(backend, "_session", flaky)
     with pytest.raises(RemoteRunError, match="sends only the rest") as err:
         residual_rows(rehearsal, items, batch_size=2)
     assert str(backend.store.folder) in str(err.value) and backend.store.sent == 2
-    monkeypatch.setattr(backend, "_trace", real_trace)
+    monkeypatch.setattr(backend, "_session", real_session)
     before = backend.store.sent
     resumed = residual_rows(rehearsal, items, batch_size=2)
     assert backend.store.sent - before == 1 and backend.store.reused == 2  # only the batch that failed went out
@@ -218,7 +227,7 @@ def test_a_refused_request_says_what_to_do(rehearsal, monkeypatch):
     def refuse(*args, **kwargs):
         raise RuntimeError("401 Unauthorized: invalid api key")
 
-    monkeypatch.setattr(rehearsal.backend, "_trace", refuse)
+    monkeypatch.setattr(rehearsal.backend, "_session", refuse)
     with pytest.raises(RemoteRunError, match="refused the request.*NDIF_API_KEY"):
         collect_residuals(rehearsal, _items((5,)))
 

@@ -24,7 +24,7 @@ input of block ℓ, depth L the final residual.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
@@ -52,7 +52,7 @@ from depthkit.engine.batching import (
     shared_prefix_groups,
 )
 from depthkit.engine.prefix import SharedPrefix, encode_prefix
-from depthkit.engine.work import WHERE, ForwardWork, depth_site
+from depthkit.engine.work import WHERE, Call, ForwardWork, depth_site
 
 if TYPE_CHECKING:
     from depthkit.engine.handle import Model
@@ -76,6 +76,7 @@ __all__ = [
     "pad_id",
     "patched_final_residuals",
     "residual_hook_names",
+    "residual_batches",
     "residual_rows",
     "shared_prefix_groups",
     "truncated_residuals",
@@ -118,10 +119,33 @@ def collect_residuals(
     one padded row each, where that puts two or more items in a row (long items
     alone in their rows gain nothing from a materialised mask); not with a prefix.
     """
-    n_blocks = model.info.n_blocks
-    layers = list(range(n_blocks + 1)) if layers is None else list(layers)
+    (out,) = residual_batches(model, [items], layers, skip_block=skip_block, prefix=prefix, pack=pack)
+    return out
+
+
+def residual_batches(
+    model: Model,
+    batches: Sequence[Sequence[Item]],
+    layers: Sequence[int] | None = None,
+    *,
+    skip_block: int | None = None,
+    prefix: SharedPrefix | None = None,
+    pack: bool = False,
+) -> Iterator[Float[Tensor, "layer position d_model"]]:
+    """:func:`collect_residuals` of each batch, in order, as they are read: one
+    forward pass each, which a remote backend sends several to a request."""
+    layers = list(range(model.info.n_blocks + 1)) if layers is None else list(layers)
     if pack and prefix is not None:
         raise ValueError("Packed rows cannot continue a shared prefix; pass pack=False.")
+    calls = [_residual_call(model, items, layers, skip_block, prefix, pack) for items in batches]
+    for got in model.backend.execute_all(calls):
+        yield torch.stack([got[str(d)] for d in layers])
+
+
+def _residual_call(
+    model: Model, items: Sequence[Item], layers: list[int], skip_block: int | None, prefix: SharedPrefix | None, pack: bool
+) -> Call:
+    n_blocks = model.info.n_blocks
     position_ids = None
     sizes = [len(it.tokens) for it in items]
     rows = pack_rows(sizes, max(PACK_WIDTH, *sizes)) if pack else []
@@ -136,8 +160,7 @@ def collect_residuals(
         work.read(str(d), depth_site(d, n_blocks), bi, pi)
     if prefix is not None:
         mask = prefix.mask_for(mask)
-    got = model.backend.execute(tokens, mask, work, position_ids=position_ids, prefix=prefix)
-    return torch.stack([got[str(d)] for d in layers])
+    return Call(tokens, mask, work, position_ids, prefix)
 
 
 @torch.no_grad()
@@ -172,8 +195,8 @@ def residual_rows(
             if share_prefix
             else [list(range(s, min(s + batch_size, len(group.items)))) for s in range(0, len(group.items), batch_size)]
         )
-        for local in batches:
-            r = collect_residuals(model, [group.items[j] for j in local], depths, prefix=prefix)
+        reads = residual_batches(model, [[group.items[j] for j in local] for local in batches], depths, prefix=prefix)
+        for local, r in zip(batches, reads):
             rows = torch.cat([torch.arange(starts[group.indices[j]], starts[group.indices[j] + 1]) for j in local])
             out[:, rows.to(out.device)] = r
             pbar.update(r.shape[1])
@@ -251,21 +274,25 @@ def patched_final_residuals(
     )
     for group in groups:
         prefix = encode_prefix(model, group.prefix) if group.prefix else None
+        chunks = []
         for i, rest in zip(group.indices, group.items):
             rows = rows_of[tuple(targets[i].tokens)]
-            for s in range(0, len(rows), int(run["batch_size"])):
-                chunk = rows[s : s + int(run["batch_size"])]
-                out[chunk] = _patch_copies(model, rest.tokens, [layers[r] for r in chunk], vectors[chunk], prefix)
-                bar.update(len(chunk))
+            size = int(run["batch_size"])
+            chunks += [(rest.tokens, rows[s : s + size]) for s in range(0, len(rows), size)]
+        calls = [_patch_call(model, tokens, [layers[r] for r in chunk], vectors[chunk], prefix) for tokens, chunk in chunks]
+        for (_, chunk), got in zip(chunks, model.backend.execute_all(calls)):
+            out[chunk] = got["final"].to(out.device)
+            bar.update(len(chunk))
     bar.close()
     return out
 
 
-def _patch_copies(
+def _patch_call(
     model: Model, tokens: list[int], layers: list[int], vec: Float[Tensor, "row d_model"], prefix: SharedPrefix | None
-) -> Float[Tensor, "row d_model"]:
-    """Final residuals of ``tokens[-1]`` continuing ``prefix`` + ``tokens[:-1]``, once
-    per row, row r patched at depth ``layers[r]`` (see :func:`patched_final_residuals`)."""
+) -> Call:
+    """The pass giving (as ``"final"``) the final residuals of ``tokens[-1]``
+    continuing ``prefix`` + ``tokens[:-1]``, once per row, row r patched at depth
+    ``layers[r]`` (see :func:`patched_final_residuals`)."""
     device = _device(model)
     n_prefix = prefix.length if prefix is not None else 0
     context, n_copies = tokens[:-1], len(layers)
@@ -289,8 +316,7 @@ def _patch_copies(
         work.write(depth_site(depth, n_blocks), torch.zeros_like(sel), len(context) + sel, vec[sel])
     copies = torch.arange(len(context), len(context) + n_copies)
     work.read("final", depth_site(n_blocks, n_blocks), torch.zeros_like(copies), copies)
-    got = model.backend.execute(ids, mask, work, position_ids=position_ids, prefix=prefix)
-    return got["final"].to(_out_device(model))
+    return Call(ids, mask, work, position_ids, prefix)
 
 
 @torch.no_grad()

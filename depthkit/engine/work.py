@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from jaxtyping import Float, Int
 from torch import Tensor
 
-__all__ = ["WHERE", "ForwardWork", "SiteSteps", "depth_site"]
+__all__ = ["WHERE", "Call", "ForwardWork", "SiteSteps", "depth_site"]
 
 # Sites within a block, in the order the forward pass reaches them.
 WHERE = ("pre", "mid", "post")
@@ -103,3 +103,16 @@ class ForwardWork:
     def keys(self) -> list[str]:
         """The keys of every read, in the order they are done."""
         return [key for s in self.steps() for key, _, _ in s.reads]
+
+
+@dataclass
+class Call:
+    """One forward pass: its inputs and its :class:`ForwardWork`. ``prefix``: a
+    :class:`~depthkit.engine.prefix.SharedPrefix` the tokens continue
+    (``attention_mask`` then covers the prefix's columns too)."""
+
+    tokens: Int[Tensor, "batch seq"]
+    attention_mask: Tensor | dict[str, Tensor]
+    work: ForwardWork
+    position_ids: Int[Tensor, "batch seq"] | None = None
+    prefix: object = None

@@ -39,6 +39,7 @@ from depthkit.engine.capture import (
     collect_residuals,
     length_batches,
     packed_batches,
+    residual_batches,
     residual_hook_names,
     shared_prefix_groups,
 )
@@ -174,6 +175,7 @@ def trajectories(
     )
     lens_obj = get_lens(model, lens)
     plan = layer_plan(model.info.n_blocks, convention)
+    share_prefix = share_prefix and model.backend.supports_prefix  # a remote run keeps no cache
     groups = shared_prefix_groups(items) if share_prefix else [PrefixGroup([], list(range(len(items))), list(items))]
     bar = tqdm(total=len(items), desc=f"{lens_obj.name} lens", unit="prompt", disable=not progress, leave=False)
     step_rows, topk_rows, target_rows = _read_batches(
@@ -250,10 +252,10 @@ def _read_batches(
         # Items that continue a shared prefix run in padded rows over its cache;
         # the rest are packed end to end.
         cut = length_batches(group.items, batch_size) if prefix else packed_batches(group.items, batch_size)
-        for local in cut:
+        reads = residual_batches(model, [[group.items[j] for j in local] for local in cut], needed, prefix=prefix, pack=prefix is None)
+        for local, resid in zip(cut, reads):
             batch = [group.indices[j] for j in local]
             chunk_items = [items[i] for i in batch]
-            resid = collect_residuals(model, [group.items[j] for j in local], needed, prefix=prefix, pack=prefix is None)
             extra = None
             if names:
                 extra = torch.tensor([[it.targets[n][k] for n in names] for it in chunk_items for k in range(len(it.positions))])

@@ -3,6 +3,7 @@ the model's readout (:class:`ReadoutParts`) that lenses decode with."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -10,7 +11,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from depthkit.engine.work import ForwardWork
+from depthkit.engine.work import Call, ForwardWork
 
 __all__ = ["BACKENDS", "Backend", "ReadoutParts"]
 
@@ -66,6 +67,11 @@ class Backend(Protocol):
         """Run one pass doing ``work``; the reads by key, float32 on :attr:`out_device`.
         ``prefix``: a :class:`~depthkit.engine.prefix.SharedPrefix` the tokens
         continue (``attention_mask`` then covers the prefix's columns too)."""
+        ...
+
+    def execute_all(self, calls: Iterable[Call]) -> Iterator[dict[str, Float[Tensor, "row d_model"]]]:
+        """:meth:`execute` of every call, in order. A remote backend sends them a
+        few dozen to a request; a local one runs them one by one as they are read."""
         ...
 
     def encode_prefix(self, tokens: Int[Tensor, "1 seq"]) -> Any:

@@ -8,7 +8,7 @@ architecture allows (:mod:`depthkit.engine.attention`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -17,7 +17,7 @@ from torch import Tensor
 
 from depthkit.engine.attention import run_attention
 from depthkit.engine.backends.base import ReadoutParts
-from depthkit.engine.work import ForwardWork, SiteSteps
+from depthkit.engine.work import Call, ForwardWork, SiteSteps
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -87,6 +87,10 @@ class BridgeBackend:
                 "residual hook (hook_resid_mid is missing on parallel-attention blocks). Use backend='nnsight' or fewer sites."
             )
         return got
+
+    def execute_all(self, calls: Iterable[Call]) -> Iterator[dict[str, Float[Tensor, "row d_model"]]]:
+        for c in calls:
+            yield self.execute(c.tokens, c.attention_mask, c.work, position_ids=c.position_ids, prefix=c.prefix)
 
     def _site_hook(self, steps: SiteSteps, got: dict[str, Tensor], stash: dict[int, Tensor]) -> Callable:
         out_device = self.out_device

@@ -9,16 +9,18 @@ here, across the GPUs of one machine (``device_map``), or on NDIF's servers
 nnsight's serverless rehearsal of a remote run: the request is serialised and run
 back here with depthkit's modules hidden, as a server would.
 
-Remote runs cannot ship a key/value cache, so prompts that share a prefix run
-whole (:attr:`NNsightBackend.supports_prefix` is off); each request's answer is
-kept (:class:`~depthkit.engine.backends.remote.RequestStore`) so an interrupted
-chapter resumes. The lens readout runs here, from the model's final norm and
+Remote runs send up to :attr:`NNsightBackend.calls_per_request` passes per
+request (one nnsight session), and cannot ship a key/value cache, so prompts that
+share a prefix run whole (:attr:`NNsightBackend.supports_prefix` is off); each
+pass's answer is kept (:class:`~depthkit.engine.backends.remote.RequestStore`), so
+an interrupted chapter resumes. The lens readout runs here, from the model's final norm and
 unembedding: a remote model's are loaded from its checkpoint files alone
 (:mod:`depthkit.engine.backends.head`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -28,7 +30,7 @@ from torch import Tensor
 from depthkit.engine.backends.base import ReadoutParts
 from depthkit.engine.backends.layout import Layout, find_layout, submodule
 from depthkit.engine.backends.remote import RemoteRunError, RequestStore
-from depthkit.engine.work import ForwardWork
+from depthkit.engine.work import Call, ForwardWork
 
 __all__ = ["NNsightBackend", "wrap"]
 
@@ -51,6 +53,9 @@ class NNsightBackend:
     """
 
     name = "nnsight"
+    # Passes per remote request: a chapter is then a handful of requests, each small
+    # enough to fail and be re-sent cheaply.
+    calls_per_request = 32
 
     def __init__(
         self, lm: Any, hf_model: Any, *, remote: bool | str = False, readout: ReadoutParts | None = None,
@@ -88,90 +93,109 @@ class NNsightBackend:
         position_ids: Int[Tensor, "batch seq"] | None = None,
         prefix: Any = None,
     ) -> dict[str, Float[Tensor, "row d_model"]]:
+        return next(self.execute_all([Call(tokens, attention_mask, work, position_ids, prefix)]))
+
+    def execute_all(self, calls: Iterable[Call]) -> Iterator[dict[str, Float[Tensor, "row d_model"]]]:
+        out = self.out_device
+        if not self.remote:
+            # Here, one pass at a time: nothing is held longer than its caller needs it.
+            for call in calls:
+                keys, (request,) = call.work.keys(), [self._request(call)]
+                (got,) = self._session([request])
+                yield {k: got[k].float().to(out) for k in keys}
+            return
+        calls = list(calls)
+        for start in range(0, len(calls), self.calls_per_request):
+            chunk = calls[start : start + self.calls_per_request]
+            for call, got in zip(chunk, self._remote_answers([self._request(c) for c in chunk])):
+                yield {k: got[k].float().to(out) for k in call.work.keys()}
+
+    def _request(self, call: Call) -> tuple:
+        """A call as plain data: tokens, keyword arguments, per-layer-type mask, site steps, stop."""
+        mask = call.attention_mask
         # nnsight pads and batches per-row inputs itself and takes only tensors; a
         # per-layer-type mask (sliding-window models) goes straight to the module
         # that reads it, inside the trace.
-        per_type = attention_mask if isinstance(attention_mask, dict) else None
-        if per_type is not None:
-            attention_mask = per_type["full_attention"]
-        kwargs: dict[str, Any] = {"attention_mask": attention_mask, "logits_to_keep": 1}
-        if position_ids is not None:
-            kwargs["position_ids"] = position_ids
-        if prefix is not None:
+        per_type = mask if isinstance(mask, dict) else None
+        kwargs: dict[str, Any] = {"attention_mask": mask["full_attention"] if per_type else mask, "logits_to_keep": 1}
+        if call.position_ids is not None:
+            kwargs["position_ids"] = call.position_ids
+        if call.prefix is not None:
             if not self.supports_prefix:
                 raise ValueError("A remote nnsight run cannot continue a cached prefix; run the prompts whole.")
-            kwargs.update(cache=prefix.cache_for(len(tokens)), use_cache=True)
-        if self.layout.mid is None and any(s.where == "mid" for s in work.steps()):
+            kwargs.update(cache=call.prefix.cache_for(len(call.tokens)), use_cache=True)
+        steps = call.work.steps()
+        if self.layout.mid is None and any(s.where == "mid" for s in steps):
             raise ValueError(
                 f"{type(self.hf_model).__name__} runs attention and MLP in parallel: there is no residual between them "
                 "to read (site 'mid')."
             )
-        plan = [(s.block, s.where, s.skip, s.stash, list(s.writes), list(s.reads)) for s in work.steps()]
-        if not self.remote:
-            got = self._trace(tokens, kwargs, per_type, plan, work.stop_after_reads)
-        else:
-            got = self._remote_trace(tokens, kwargs, per_type, plan, work.stop_after_reads)
-        out = self.out_device
-        return {k: got[k].float().to(out) for k in work.keys()}
+        plan = [(s.block, s.where, s.skip, s.stash, list(s.writes), list(s.reads)) for s in steps]
+        return call.tokens, kwargs, per_type, plan, call.work.stop_after_reads
 
-    def _remote_trace(
-        self, tokens: Tensor, kwargs: dict[str, Any], per_type: dict | None, plan: list, stop: bool
-    ) -> dict[str, Tensor]:
+    def _remote_answers(self, requests: list[tuple]) -> list[dict[str, Tensor]]:
+        """Answers of ``requests``: those kept from earlier runs, the rest fetched in one request."""
         assert self.store is not None
-        key = self.store.key(tokens, kwargs, per_type, plan, stop)
-        got = self.store.get(key)
-        if got is None:
+        keys = [self.store.key(*r) for r in requests]
+        answers = [self.store.get(k) for k in keys]
+        missing = [i for i, a in enumerate(answers) if a is None]
+        if missing:
             try:
-                got = dict(self._trace(tokens, kwargs, per_type, plan, stop))
+                fresh = self._session([requests[i] for i in missing])
             except Exception as err:  # noqa: BLE001 - every failure of a request gets the same advice
                 raise _remote_error(err, self.store) from err
             self.store.sent += 1
-            self.store.put(key, got)
-        return got
+            for i, got in zip(missing, fresh):
+                answers[i] = dict(got)
+                self.store.put(keys[i], answers[i])
+        return answers  # type: ignore[return-value]
 
-    def _trace(
-        self, tokens: Tensor, kwargs: dict[str, Any], per_type: dict | None, plan: list, stop: bool
-    ) -> dict[str, Tensor]:
+    def _session(self, requests: list[tuple]) -> list[dict[str, Tensor]]:
         # The body below is what a remote server runs: torch, nnsight and the plain
-        # data in `plan` only (no depthkit names), one access per site, in forward order.
+        # data in `requests` only (no depthkit names), one access per site, in
+        # forward order, every pass of the request in one session.
         import nnsight
 
-        lm, body, layers, mid, remote = self.network, self._body, self._layers, self.layout.mid, self.remote
-        with lm.trace(tokens, remote=remote, **kwargs) as tracer:
-            got = nnsight.save({})
-            stash = {}
-            if per_type is not None:
-                args, named = body.inputs
-                body.inputs = (args, {**named, "attention_mask": per_type})
-            for block, where, skip, keep, writes, reads in plan:
-                layer = layers[block]
-                if where == "pre":
-                    x = layer.input
-                elif where == "mid":
-                    x = getattr(layer, mid).input
-                else:
-                    out = layer.output
-                    x = out[0] if isinstance(out, tuple) else out
-                if keep:
-                    stash[block] = x.clone()
-                if skip:
-                    x = stash.pop(block)
-                if writes:
-                    x = x.clone()
-                    for rows, positions, vectors in writes:
-                        x[rows.to(x.device), positions.to(x.device)] = vectors.to(device=x.device, dtype=x.dtype)
-                if skip or writes:
-                    if where == "pre":
-                        layer.input = x
-                    elif where == "mid":
-                        getattr(layer, mid).input = x
-                    else:
-                        layer.output = (x, *out[1:]) if isinstance(out, tuple) else x
-                for key, rows, positions in reads:
-                    got[key] = x[rows.to(x.device), positions.to(x.device)].float()
-            if stop:
-                tracer.stop()
-        return got
+        lm, body, layers, mid = self.network, self._body, self._layers, self.layout.mid
+        with lm.session(remote=self.remote):
+            answers = nnsight.save([])
+            for tokens, kwargs, per_type, plan, stop in requests:
+                with lm.trace(tokens, **kwargs) as tracer:
+                    got = {}
+                    stash = {}
+                    if per_type is not None:
+                        args, named = body.inputs
+                        body.inputs = (args, {**named, "attention_mask": per_type})
+                    for block, where, skip, keep, writes, reads in plan:
+                        layer = layers[block]
+                        if where == "pre":
+                            x = layer.input
+                        elif where == "mid":
+                            x = getattr(layer, mid).input
+                        else:
+                            out = layer.output
+                            x = out[0] if isinstance(out, tuple) else out
+                        if keep:
+                            stash[block] = x.clone()
+                        if skip:
+                            x = stash.pop(block)
+                        if writes:
+                            x = x.clone()
+                            for rows, positions, vectors in writes:
+                                x[rows.to(x.device), positions.to(x.device)] = vectors.to(device=x.device, dtype=x.dtype)
+                        if skip or writes:
+                            if where == "pre":
+                                layer.input = x
+                            elif where == "mid":
+                                getattr(layer, mid).input = x
+                            else:
+                                layer.output = (x, *out[1:]) if isinstance(out, tuple) else x
+                        for key, rows, positions in reads:
+                            got[key] = x[rows.to(x.device), positions.to(x.device)].float()
+                    answers.append(got)
+                    if stop:
+                        tracer.stop()
+        return answers
 
     def encode_prefix(self, tokens: Int[Tensor, "1 seq"]) -> Any:
         if not self.supports_prefix:
