@@ -123,6 +123,7 @@ def collect_residuals(
     return out
 
 
+@torch.no_grad()
 def residual_batches(
     model: Model,
     batches: Sequence[Sequence[Item]],

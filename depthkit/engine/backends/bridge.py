@@ -58,6 +58,7 @@ class BridgeBackend:
         unembed = self.bridge.unembed
         return unembed.weight.device if hasattr(unembed, "weight") else self.device
 
+    @torch.no_grad()
     def execute(
         self,
         tokens: Int[Tensor, "batch seq"],
@@ -88,6 +89,7 @@ class BridgeBackend:
             )
         return got
 
+    @torch.no_grad()
     def execute_all(self, calls: Iterable[Call]) -> Iterator[dict[str, Float[Tensor, "row d_model"]]]:
         for c in calls:
             yield self.execute(c.tokens, c.attention_mask, c.work, position_ids=c.position_ids, prefix=c.prefix)

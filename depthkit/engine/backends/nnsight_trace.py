@@ -84,6 +84,7 @@ class NNsightBackend:
     def out_device(self) -> torch.device:
         return self.readout_parts().W_U.device
 
+    @torch.no_grad()
     def execute(
         self,
         tokens: Int[Tensor, "batch seq"],
@@ -95,6 +96,7 @@ class NNsightBackend:
     ) -> dict[str, Float[Tensor, "row d_model"]]:
         return next(self.execute_all([Call(tokens, attention_mask, work, position_ids, prefix)]))
 
+    @torch.no_grad()
     def execute_all(self, calls: Iterable[Call]) -> Iterator[dict[str, Float[Tensor, "row d_model"]]]:
         out = self.out_device
         if not self.remote:
@@ -200,8 +202,9 @@ class NNsightBackend:
     def encode_prefix(self, tokens: Int[Tensor, "1 seq"]) -> Any:
         if not self.supports_prefix:
             raise ValueError("A remote nnsight run keeps no key/value cache; run the prompts whole.")
-        out = self.hf_model(tokens.to(self.device), use_cache=True, logits_to_keep=1)
-        return out.past_key_values
+        with torch.no_grad():
+            out = self.hf_model(tokens.to(self.device), use_cache=True, logits_to_keep=1)
+        return out["cache"] if "cache" in out else out.past_key_values
 
     def truncated(
         self, tokens: Int[Tensor, "batch seq"], attention_mask: Tensor | None, depth: int
