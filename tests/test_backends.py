@@ -168,6 +168,10 @@ def test_a_chapters_passes_go_a_few_dozen_to_a_request(rehearsal):
     _close(residual_rows(rehearsal, items, batch_size=1), local)
     assert rehearsal.backend.store.sent == 2  # 40 passes, 32 to a request
     assert len(list(rehearsal.backend.store.folder.glob("*.safetensors"))) == 40  # each kept on its own
+    import json
+
+    log = [json.loads(line) for line in (rehearsal.backend.store.folder / "requests.log").read_text().splitlines()]
+    assert [r["passes"] for r in log] == [32, 8] and all(r["answer_bytes"] == r["passes"] * 31 * 64 * 4 for r in log)
 
 
 def test_remote_answers_are_kept_and_an_interrupted_run_resumes(rehearsal, monkeypatch):

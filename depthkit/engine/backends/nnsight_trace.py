@@ -146,10 +146,11 @@ class NNsightBackend:
                 fresh = self._session([requests[i] for i in missing])
             except Exception as err:  # noqa: BLE001 - every failure of a request gets the same advice
                 raise _remote_error(err, self.store) from err
-            self.store.sent += 1
             for i, got in zip(missing, fresh):
                 answers[i] = dict(got)
                 self.store.put(keys[i], answers[i])
+            size = sum(t.numel() * t.element_size() for i in missing for t in answers[i].values())  # type: ignore[union-attr]
+            self.store.note_request(len(missing), size)
         return answers  # type: ignore[return-value]
 
     def _session(self, requests: list[tuple]) -> list[dict[str, Tensor]]:

@@ -82,6 +82,18 @@ class RequestStore:
         self.reused += 1
         return out
 
+    def note_request(self, passes: int, answer_bytes: int) -> None:
+        """Count a request that went out, and log it (``requests.log``: one JSON line
+        per request, with its passes and the bytes of its answers) so that what a
+        chapter cost can be read afterwards."""
+        import json
+        import time
+
+        self.sent += 1
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with open(self.folder / "requests.log", "a") as log:
+            log.write(json.dumps({"time": time.time(), "passes": passes, "answer_bytes": answer_bytes}) + "\n")
+
     def put(self, key: str, answer: dict[str, Tensor]) -> None:
         from safetensors.torch import save_file
 
