@@ -301,3 +301,22 @@ def test_forward_passes_never_record_gradients(pairs, backend):
     finally:
         handle.remove()
     assert seen and not any(seen)
+
+
+def test_device_map_runs_on_both_backends(pairs, tmp_path):
+    """A local folder loaded with a device_map (accelerate's dispatch hooks on every
+    module; here all on the CPU, the one device this machine has) reads the same
+    residuals and logits on both backends as the model loaded plainly."""
+    from depthkit.engine.tiny import _build_tiny
+
+    hf, tok = _build_tiny("llama", seed=0, n_layers=4)
+    hf.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    plain = pairs["llama"][0]
+    items = _items()
+    want = collect_residuals(plain, items)
+    tokens = torch.tensor([items[1].tokens])
+    for backend in ("bridge", "nnsight"):
+        mapped = dk.load_model(str(tmp_path), backend=backend, device_map="auto")
+        _close(collect_residuals(mapped, items), want)
+        _close(model_logits(mapped, tokens), model_logits(plain, tokens))
