@@ -16,6 +16,7 @@ import torch
 
 from depthkit.engine.backends.layout import find_layout, submodule
 from depthkit.engine.backends.nnsight_trace import NNsightBackend, wrap
+from depthkit.engine.backends.remote import RequestStore
 from depthkit.engine.catalog import ModelLoadError
 from depthkit.engine.fingerprint import weights_fingerprint
 from depthkit.engine.handle import Model, ModelInfo
@@ -32,7 +33,8 @@ def nnsight_model(
         hf_model = hf_model.to(dtype=dtype, device=device)
     hf_model.eval()
     fingerprint = weights_fingerprint(hf_model)
-    backend = NNsightBackend(wrap(hf_model, tok), hf_model, remote=remote)
+    store = RequestStore(f"{name}:{fingerprint}") if remote else None
+    backend = NNsightBackend(wrap(hf_model, tok), hf_model, remote=remote, store=store)
     label = "nnsight-remote" if remote else "nnsight"
     return Model(backend, _info(name, hf_model, backend, quant, source, fingerprint, label), tok)
 
@@ -55,9 +57,9 @@ def load_remote(repo_id: str, *, dtype: torch.dtype, trust_remote_code: bool) ->
     hf_meta = lm._module
     layout = find_layout(hf_meta)
     readout = readout_from_checkpoint(repo_id, hf_meta, layout, dtype)
-    backend = NNsightBackend(lm, hf_meta, remote=True, readout=readout)
     # NDIF's copy of the weights cannot be hashed from here; the revision names them.
     revision = str(getattr(hf_meta.config, "_commit_hash", None) or "main")
+    backend = NNsightBackend(lm, hf_meta, remote=True, readout=readout, store=RequestStore(f"{repo_id}:{revision}"))
     info = _info(repo_id, hf_meta, backend, "none", "hub", f"revision:{revision}", "nnsight-remote")
     return Model(backend, info, lm.tokenizer)
 

@@ -30,7 +30,7 @@ from torch import Tensor
 from depthkit.engine.backends.base import ReadoutParts
 from depthkit.engine.backends.layout import Layout, find_layout, submodule
 from depthkit.engine.backends.remote import RemoteRunError, RequestStore
-from depthkit.engine.work import Call, ForwardWork
+from depthkit.engine.work import Call, ForwardWork, depth_site
 
 __all__ = ["NNsightBackend", "wrap"]
 
@@ -71,9 +71,9 @@ class NNsightBackend:
         # The module that builds the attention masks and runs the blocks (e.g. `model`).
         self._body = submodule(lm, self.layout.layers.rsplit(".", 1)[0]) if "." in self.layout.layers else lm
         self._readout = readout
-        self.store = (
-            store if store is not None or not remote else RequestStore(f"{type(hf_model).__name__}:{_model_id(hf_model)}")
-        )
+        if remote and store is None:
+            raise ValueError("A remote backend needs a RequestStore keyed by the model's name and weights.")
+        self.store = store
 
     @property
     def device(self) -> torch.device:
@@ -83,6 +83,10 @@ class NNsightBackend:
     @property
     def out_device(self) -> torch.device:
         return self.readout_parts().W_U.device
+
+    @property
+    def n_blocks(self) -> int:
+        return len(self._layers)
 
     @torch.no_grad()
     def execute(
@@ -210,20 +214,14 @@ class NNsightBackend:
     def truncated(
         self, tokens: Int[Tensor, "batch seq"], attention_mask: Tensor | None, depth: int
     ) -> Float[Tensor, "batch seq d_model"]:
-        from depthkit.engine.work import depth_site
-
         b, s = tokens.shape
         rows, positions = torch.arange(b).repeat_interleave(s), torch.arange(s).repeat(b)
-        work = ForwardWork(stop_after_reads=True).read("h", depth_site(int(depth), self.layout_blocks), rows, positions)
+        work = ForwardWork(stop_after_reads=True).read("h", depth_site(int(depth), self.n_blocks), rows, positions)
         mask = torch.ones_like(tokens) if attention_mask is None else attention_mask
         return self.execute(tokens, mask, work)["h"].view(b, s, -1)
 
-    @property
-    def layout_blocks(self) -> int:
-        return len(submodule(self.hf_model, self.layout.layers))
-
     def logits(self, tokens: Int[Tensor, "batch seq"], attention_mask: Tensor | None) -> Float[Tensor, "batch seq d_vocab"]:
-        h = self.truncated(tokens, attention_mask, self.layout_blocks)
+        h = self.truncated(tokens, attention_mask, self.n_blocks)
         parts = self.readout_parts()
         z = parts.unembed(parts.norm(h.to(parts.W_U.dtype))).float()
         if parts.softcap > 0:
@@ -248,10 +246,6 @@ def readout_of(hf_model: Any, layout: Layout) -> ReadoutParts:
         head=head if type(head) is torch.nn.Linear else None,
         softcap=float(getattr(hf_model.config, "final_logit_softcapping", None) or 0.0),
     )
-
-
-def _model_id(hf_model: Any) -> str:
-    return str(getattr(hf_model.config, "_name_or_path", "") or getattr(hf_model, "name_or_path", "") or "unnamed")
 
 
 def _remote_error(err: Exception, store: RequestStore) -> RemoteRunError:
