@@ -25,32 +25,20 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def _prompts(model, n: int, length: int) -> list[list[int]]:
-    from depthkit.data.embedded import wikipedia_passages
-
-    out = []
-    for text in wikipedia_passages():
-        ids = model.tokenizer(text, add_special_tokens=True)["input_ids"]
-        if len(ids) >= length:
-            out.append(list(ids[:length]))
-        if len(out) == n:
-            return out
-    raise RuntimeError("not enough passages")
-
-
 def workloads(model, batch_size: int) -> dict:
     import torch
+    from trajectories import _texts_256 as passages  # the sibling benchmark's Wikipedia passages, cut to a length
 
     from depthkit.engine.capture import Item, patched_final_residuals, residual_rows, truncated_residuals
 
     n_blocks, d = model.info.n_blocks, model.info.d_model
-    last = [Item(ids, [len(ids) - 1]) for ids in _prompts(model, 200, 24)]
-    full = [Item(ids, list(range(len(ids)))) for ids in _prompts(model, 8, 256)]
-    targets = [ids for ids in _prompts(model, 50, 32)]
+    last = [Item(ids, [len(ids) - 1]) for ids in passages(model, 200, 24)]
+    full = [Item(ids, list(range(len(ids)))) for ids in passages(model, 8, 256)]
+    targets = passages(model, 50, 32)
     layers = [l for _ in targets for l in range(n_blocks + 1)]
     seqs = [t for t in targets for _ in range(n_blocks + 1)]
     vectors = torch.randn(len(seqs), d, generator=torch.Generator().manual_seed(0))
-    short = [torch.tensor([ids]) for ids in _prompts(model, 40, 24)]
+    short = [torch.tensor([ids]) for ids in passages(model, 40, 24)]
     return {
         "(a) last position, 200 prompts": lambda: residual_rows(model, last, batch_size=batch_size),
         "(b) all positions, 8 x 256 tokens": lambda: residual_rows(model, full, batch_size=batch_size),

@@ -40,6 +40,7 @@ from depthkit.chapters.ch06_early_exit import POLICIES as POLICIES
 from depthkit.chapters.ch06_early_exit import SAVING_LABELS
 from depthkit.chapters.ch06_early_exit import _exit_layer as _exit_layer
 from depthkit.chapters.ch06_early_exit import _pct as _pct
+from depthkit.chapters.ch06_early_exit import block_parameters as block_parameters
 from depthkit.chapters.ch06_early_exit import exit_text as exit_text
 from depthkit.chapters.ch06_early_exit import verify_taus as verify_taus
 from depthkit.chapters.ch06_early_exit import verify_text as verify_text

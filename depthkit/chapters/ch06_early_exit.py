@@ -24,6 +24,11 @@ def _pct(v: float) -> str:
     return "not reached" if np.isnan(v) else f"{v:.0%}"
 
 
+def block_parameters(model: Any) -> int:
+    """Weights in one decoder block of ``model`` (whatever its backend)."""
+    return sum(t.numel() for t in model.backend.blocks[0].parameters())
+
+
 def exit_text(
     saving: pd.DataFrame, sweep: pd.DataFrame, *, target: float, info: Any, block_params: int,
     n_select: int | None = None, n_report: int | None = None,

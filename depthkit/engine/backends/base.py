@@ -55,6 +55,11 @@ class Backend(Protocol):
     @property
     def out_device(self) -> torch.device: ...
 
+    @property
+    def blocks(self) -> Any:
+        """The model's decoder blocks, in order (torch modules)."""
+        ...
+
     def execute(
         self,
         tokens: Int[Tensor, "batch seq"],

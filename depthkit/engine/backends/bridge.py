@@ -58,6 +58,10 @@ class BridgeBackend:
         unembed = self.bridge.unembed
         return unembed.weight.device if hasattr(unembed, "weight") else self.device
 
+    @property
+    def blocks(self) -> Any:
+        return self.bridge.blocks
+
     @torch.no_grad()
     def execute(
         self,

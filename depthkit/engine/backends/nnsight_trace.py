@@ -88,6 +88,10 @@ class NNsightBackend:
     def n_blocks(self) -> int:
         return len(self._layers)
 
+    @property
+    def blocks(self) -> Any:
+        return submodule(self.hf_model, self.layout.layers)
+
     @torch.no_grad()
     def execute(
         self,
