@@ -164,8 +164,9 @@ def test_only_the_backends_run_forward_passes_with_interventions():
 
     assert users("run_with_hooks(") == ["depthkit.engine.backends.bridge"]
     assert users(".trace(") == ["depthkit.engine.backends.nnsight_trace"]
-    # Every module that reads or writes residuals asks the capture layer (none reaches a backend's execute).
-    assert users("backend.execute(") == ["depthkit.engine.capture"]
+    # Every module that reads or writes residuals asks the capture layer (none reaches a backend's passes).
+    assert users("backend.execute") == ["depthkit.engine.capture"]
+    assert users("backend.truncated") == ["depthkit.engine.capture"]
 
 
 def test_old_import_paths_still_work_and_say_where_the_module_went():

@@ -19,7 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from depthkit.analyses.depth_grid import _depths, _Grid, _grid
-from depthkit.engine.capture import truncated_residuals
+from depthkit.engine.capture import truncated_runs
 from depthkit.lens.base import Lens, layer_plan
 from depthkit.lens.trajectories import Item, Trajectories
 
@@ -169,15 +169,15 @@ def _truncated_top1(
     bar = tqdm(
         total=sum(len(v) for v in needed.values()), desc="truncated passes", unit="pass", disable=not progress, leave=False
     )
-    for it, depths in needed.items():
-        item = items[it]
-        toks = torch.tensor([item.tokens], device=device)
-        pos = torch.tensor(item.positions, device=device)
-        for d in sorted(depths):
-            h = truncated_residuals(model, toks, d)[0, pos]
-            top = lens(h.float(), plan[d]).argmax(-1).cpu().numpy()
-            real[(it, d)] = dict(zip(item.positions, top.tolist()))
-            bar.update(1)
+    runs = [(it, d) for it, depths in needed.items() for d in sorted(depths)]
+    tokens = {it: torch.tensor([items[it].tokens], device=device) for it in needed}
+    passes = truncated_runs(model, [(tokens[it], None, d) for it, d in runs])
+    for (it, d), h_all in zip(runs, passes):
+        positions = items[it].positions
+        h = h_all[0, torch.tensor(positions, device=h_all.device)]
+        top = lens(h.float(), plan[d]).argmax(-1).cpu().numpy()
+        real[(it, d)] = dict(zip(positions, top.tolist()))
+        bar.update(1)
     bar.close()
     return real
 

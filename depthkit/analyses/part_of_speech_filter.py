@@ -63,8 +63,9 @@ def greedy_next_tokens(model: Model, prompts: Sequence[str], *, batch_size: int 
     """
     import torch
 
+    from depthkit.engine.capture import residual_batches
     from depthkit.lens.base import LogitLens
-    from depthkit.lens.trajectories import collect_residuals, make_items
+    from depthkit.lens.trajectories import make_items
 
     items = make_items(model, list(prompts))
     readout = LogitLens(model)
@@ -72,9 +73,10 @@ def greedy_next_tokens(model: Model, prompts: Sequence[str], *, batch_size: int 
     out = np.empty(len(items), dtype=np.int64)
     order = sorted(range(len(items)), key=lambda i: len(items[i].tokens))
     bar = tqdm(total=len(items), desc="greedy next token", unit="prompt", disable=not progress, leave=False)
-    for s in range(0, len(order), batch_size):
-        batch = order[s : s + batch_size]
-        h = collect_residuals(model, [items[i] for i in batch], [n_blocks])[0]  # [prompt, d_model]
+    batches = [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
+    finals = residual_batches(model, [[items[i] for i in batch] for batch in batches], [n_blocks])
+    for batch, final in zip(batches, finals):
+        h = final[0]  # [prompt, d_model]
         with torch.no_grad():
             out[batch] = readout.readout(h).argmax(-1).cpu().numpy()
         bar.update(len(batch))

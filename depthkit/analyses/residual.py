@@ -33,7 +33,7 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from depthkit.engine.capture import Item, collect_residuals, length_batches, map_blocks
+from depthkit.engine.capture import Item, block_maps, length_batches, residual_runs
 from depthkit.lens.base import LogitLens
 from depthkit.lens.trajectories import Trajectories, encode
 from depthkit.stats import MIN_N, LayerEstimate, curve_estimate, two_segment_fit
@@ -145,15 +145,18 @@ def update_stats(model: Model, items: Sequence[Item], *, batch_size: int = 8, pr
     ``n_positions``. Row ``block = ℓ`` describes the block that reads ``h_ℓ`` and
     writes ``h_{ℓ+1}``.
 
-    Memory: only the residuals of one block at the positions of interest are held
-    at a time (computed inside the hooks).
+    Memory: one batch's residuals at its positions of interest, three per block
+    (3·L·rows vectors), are held at a time.
     """
     n_blocks = model.info.n_blocks
     frames = []
     bar = tqdm(total=len(items), desc="update norms", unit="text", disable=not progress, leave=False)
-    for batch in length_batches(items, batch_size):
+    batches = length_batches(items, batch_size)
+    stats = block_maps(
+        model, [[items[i] for i in batch] for batch in batches], lambda b, pre, mid, post: update_stats_from_residuals(pre, mid, post)
+    )
+    for batch, sums in zip(batches, stats):
         chunk = [items[i] for i in batch]
-        sums = map_blocks(model, chunk, lambda b, pre, mid, post: update_stats_from_residuals(pre, mid, post))
         item_of_row = np.repeat(np.array(batch), [len(it.positions) for it in chunk])
         for b in range(n_blocks):
             df = pd.DataFrame({k: v.cpu().numpy() for k, v in sums[b].items()})
@@ -254,10 +257,11 @@ def skip_block_effects(
     bar = tqdm(total=len(items) * len(blocks), desc="skip blocks", unit="pass", disable=not progress, leave=False)
     for batch in length_batches(items, batch_size):
         chunk = [items[i] for i in batch]
-        base = collect_residuals(model, chunk)
+        # The plain pass and one pass per removed block, handed to the backend together.
+        passes = residual_runs(model, [(chunk, None)] + [(chunk, b) for b in blocks])
+        base = next(passes)
         base_norm = base.double().norm(dim=-1)
-        for j, b in enumerate(blocks):
-            skipped = collect_residuals(model, chunk, skip_block=b)
+        for j, skipped in enumerate(passes):
             rel = (skipped.double() - base.double()).norm(dim=-1) / base_norm
             change_sum[j] += rel.sum(-1)
             kl, agree = _chunked_kl_agree(readout, base[-1], skipped[-1], budget_mb)

@@ -67,6 +67,7 @@ __all__ = [
     "collect_residuals",
     "copy_attention_mask",
     "length_batches",
+    "block_maps",
     "map_blocks",
     "model_logits",
     "pack_rows",
@@ -78,8 +79,10 @@ __all__ = [
     "residual_hook_names",
     "residual_batches",
     "residual_rows",
+    "residual_runs",
     "shared_prefix_groups",
     "truncated_residuals",
+    "truncated_runs",
 ]
 
 T = TypeVar("T")
@@ -135,10 +138,24 @@ def residual_batches(
 ) -> Iterator[Float[Tensor, "layer position d_model"]]:
     """:func:`collect_residuals` of each batch, in order, as they are read: one
     forward pass each, which a remote backend sends several to a request."""
+    return residual_runs(model, [(items, skip_block) for items in batches], layers, prefix=prefix, pack=pack)
+
+
+@torch.no_grad()
+def residual_runs(
+    model: Model,
+    runs: Sequence[tuple[Sequence[Item], int | None]],
+    layers: Sequence[int] | None = None,
+    *,
+    prefix: SharedPrefix | None = None,
+    pack: bool = False,
+) -> Iterator[Float[Tensor, "layer position d_model"]]:
+    """:func:`collect_residuals` of each ``(items, skip_block)`` run, in order, as
+    they are read (a run with a block number removes that block's update)."""
     layers = list(range(model.info.n_blocks + 1)) if layers is None else list(layers)
     if pack and prefix is not None:
         raise ValueError("Packed rows cannot continue a shared prefix; pass pack=False.")
-    calls = [_residual_call(model, items, layers, skip_block, prefix, pack) for items in batches]
+    calls = [_residual_call(model, items, layers, skip, prefix, pack) for items, skip in runs]
     for got in model.backend.execute_all(calls):
         yield torch.stack([got[str(d)] for d in layers])
 
@@ -213,14 +230,26 @@ def map_blocks(model: Model, items: Sequence[Item], fn: Callable[[int, Tensor, T
     (float32, rows item by item). Returns the results block by block. The pass
     reads every block's three residuals at those positions (3·L·rows vectors), and
     each block's are freed once ``fn`` has used them."""
+    (out,) = block_maps(model, [items], fn)
+    return out
+
+
+@torch.no_grad()
+def block_maps(
+    model: Model, batches: Sequence[Sequence[Item]], fn: Callable[[int, Tensor, Tensor, Tensor], T]
+) -> Iterator[list[T]]:
+    """:func:`map_blocks` of each batch, in order, as they are read."""
     n_blocks = model.info.n_blocks
-    tokens, mask, bi, pi = batch_tensors(model, items)
-    work = ForwardWork()
-    for b in range(n_blocks):
-        for where in WHERE:
-            work.read(f"{b}.{where}", (b, where), bi, pi)
-    got = model.backend.execute(tokens, mask, work)
-    return [fn(b, got.pop(f"{b}.pre"), got.pop(f"{b}.mid"), got.pop(f"{b}.post")) for b in range(n_blocks)]
+    calls = []
+    for items in batches:
+        tokens, mask, bi, pi = batch_tensors(model, items)
+        work = ForwardWork()
+        for b in range(n_blocks):
+            for where in WHERE:
+                work.read(f"{b}.{where}", (b, where), bi, pi)
+        calls.append(Call(tokens, mask, work))
+    for got in model.backend.execute_all(calls):
+        yield [fn(b, got.pop(f"{b}.pre"), got.pop(f"{b}.mid"), got.pop(f"{b}.post")) for b in range(n_blocks)]
 
 
 def check_layers(layers: Sequence[int], n_blocks: int) -> list[int]:
@@ -326,8 +355,18 @@ def truncated_residuals(
 ) -> Float[Tensor, "batch seq d_model"]:
     """The residual at ``depth`` (0..L) of every position, from a forward pass that
     stops there: the blocks from ``depth`` on never run (a real early exit)."""
-    check_layers([depth], model.info.n_blocks)
-    return model.backend.truncated(tokens, attention_mask, int(depth))
+    (out,) = truncated_runs(model, [(tokens, attention_mask, depth)])
+    return out
+
+
+@torch.no_grad()
+def truncated_runs(
+    model: Model, runs: Sequence[tuple[Int[Tensor, "batch seq"], Tensor | None, int]]
+) -> Iterator[Float[Tensor, "batch seq d_model"]]:
+    """:func:`truncated_residuals` of each ``(tokens, attention_mask, depth)``, in
+    order, as they are read."""
+    check_layers([d for _, _, d in runs], model.info.n_blocks)
+    return model.backend.truncated_all([(t, m, int(d)) for t, m, d in runs])
 
 
 @torch.no_grad()

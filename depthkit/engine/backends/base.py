@@ -83,10 +83,11 @@ class Backend(Protocol):
         """The key/value cache after running ``tokens`` (where :attr:`supports_prefix`)."""
         ...
 
-    def truncated(
-        self, tokens: Int[Tensor, "batch seq"], attention_mask: Tensor | None, depth: int
-    ) -> Float[Tensor, "batch seq d_model"]:
-        """The residual at ``depth``, from a pass that stops there."""
+    def truncated_all(
+        self, runs: Iterable[tuple[Int[Tensor, "batch seq"], Tensor | None, int]]
+    ) -> Iterator[Float[Tensor, "batch seq d_model"]]:
+        """For each ``(tokens, attention_mask, depth)``: the residual at ``depth`` of
+        every position, from a pass that stops there."""
         ...
 
     def logits(self, tokens: Int[Tensor, "batch seq"], attention_mask: Tensor | None) -> Float[Tensor, "batch seq d_vocab"]:

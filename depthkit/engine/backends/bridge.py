@@ -121,7 +121,14 @@ class BridgeBackend:
             _, cache = self.bridge(tokens, return_type="logits_and_cache", use_cache=True, logits_to_keep=1)
         return cache
 
-    def truncated(
+    @torch.no_grad()
+    def truncated_all(
+        self, runs: Iterable[tuple[Int[Tensor, "batch seq"], Tensor | None, int]]
+    ) -> Iterator[Float[Tensor, "batch seq d_model"]]:
+        for tokens, mask, depth in runs:
+            yield self._truncated(tokens, mask, depth)
+
+    def _truncated(
         self, tokens: Int[Tensor, "batch seq"], attention_mask: Tensor | None, depth: int
     ) -> Float[Tensor, "batch seq d_model"]:
         if depth == self.bridge.cfg.n_layers:

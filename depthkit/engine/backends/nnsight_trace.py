@@ -215,17 +215,20 @@ class NNsightBackend:
             out = self.hf_model(tokens.to(self.device), use_cache=True, logits_to_keep=1)
         return out["cache"] if "cache" in out else out.past_key_values
 
-    def truncated(
-        self, tokens: Int[Tensor, "batch seq"], attention_mask: Tensor | None, depth: int
-    ) -> Float[Tensor, "batch seq d_model"]:
-        b, s = tokens.shape
-        rows, positions = torch.arange(b).repeat_interleave(s), torch.arange(s).repeat(b)
-        work = ForwardWork(stop_after_reads=True).read("h", depth_site(int(depth), self.n_blocks), rows, positions)
-        mask = torch.ones_like(tokens) if attention_mask is None else attention_mask
-        return self.execute(tokens, mask, work)["h"].view(b, s, -1)
+    def truncated_all(
+        self, runs: Iterable[tuple[Int[Tensor, "batch seq"], Tensor | None, int]]
+    ) -> Iterator[Float[Tensor, "batch seq d_model"]]:
+        calls = []
+        for tokens, mask, depth in runs:
+            b, s = tokens.shape
+            rows, positions = torch.arange(b).repeat_interleave(s), torch.arange(s).repeat(b)
+            work = ForwardWork(stop_after_reads=True).read("h", depth_site(int(depth), self.n_blocks), rows, positions)
+            calls.append(Call(tokens, torch.ones_like(tokens) if mask is None else mask, work))
+        for call, got in zip(calls, self.execute_all(calls)):
+            yield got["h"].view(*call.tokens.shape, -1)
 
     def logits(self, tokens: Int[Tensor, "batch seq"], attention_mask: Tensor | None) -> Float[Tensor, "batch seq d_vocab"]:
-        h = self.truncated(tokens, attention_mask, self.n_blocks)
+        (h,) = self.truncated_all([(tokens, attention_mask, self.n_blocks)])
         parts = self.readout_parts()
         z = parts.unembed(parts.norm(h.to(parts.W_U.dtype))).float()
         if parts.softcap > 0:
