@@ -224,3 +224,22 @@ def test_final_tokens_are_the_models_own_top1(tiny_llama):
     got = final_tokens(tiny_llama, TARGETS + [TARGETS[0] + " and"])
     want = [int(_unpatched(tiny_llama, t).argmax()) for t in TARGETS + [TARGETS[0] + " and"]]
     assert got.tolist() == want
+
+
+def test_clean_runs_run_each_prompt_once_and_change_nothing(tiny_llama, monkeypatch):
+    import depthkit.analyses.patching as patching_module
+
+    opts = [dk.encode(tiny_llama, " the")[0], dk.encode(tiny_llama, " a")[0]]
+    alone = [patching_sweep(tiny_llama, s, t, target_options=opts, source_options=opts, progress=False)
+             for s, t in ((SOURCES, TARGETS), (TARGETS, SOURCES))]
+    run = patching_module.residual_rows
+    passes: list[int] = []
+    monkeypatch.setattr(patching_module, "residual_rows", lambda m, items, *a, **k: passes.append(len(items)) or run(m, items, *a, **k))
+    clean = patching_module.CleanRuns(tiny_llama)
+    shared = [patching_sweep(tiny_llama, s, t, target_options=opts, source_options=opts, progress=False, clean=clean)
+              for s, t in ((SOURCES, TARGETS), (TARGETS, SOURCES))]
+    final_tokens(tiny_llama, TARGETS, clean=clean)
+    # The second direction and the final tokens read prompts the first direction ran.
+    assert passes == [len(SOURCES) + len(TARGETS)]
+    for a, b in zip(alone, shared):
+        pd.testing.assert_frame_equal(a, b)

@@ -221,6 +221,42 @@ def test_downweighting_the(model, tmp_path):
     assert plain.path != lens.path
 
 
+def test_finetune_continues_from_the_start_lens(model, tmp_path):
+    start = get_tuned_lens(model, budget=CFG, text=TEXT, cache_dir=tmp_path, progress=False)
+    # No Adam step: the continued lens is its start, weight for weight.
+    same = get_tuned_lens(model, budget={**CFG, "init": "lens", "steps": 0}, text=TEXT, cache_dir=tmp_path,
+                          progress=False, downweight="the", start=start)
+    assert torch.equal(same.A, start.A) and torch.equal(same.b, start.b)
+    tuned = get_tuned_lens(model, budget={**CFG, "init": "lens", "steps": 5}, text=TEXT, cache_dir=tmp_path,
+                           progress=False, downweight="the", start=start)
+    assert not torch.equal(tuned.A, start.A)
+    assert tuned.meta["config"]["start"] == start.meta["config_hash"] and tuned.meta["heldout_after_init"] is None
+    # The start is part of the lens's identity: another start, another file.
+    other_start = get_tuned_lens(model, budget={**CFG, "seed": 1}, text=TEXT, cache_dir=tmp_path, progress=False)
+    other = get_tuned_lens(model, budget={**CFG, "init": "lens", "steps": 5}, text=TEXT, cache_dir=tmp_path,
+                           progress=False, downweight="the", start=other_start)
+    assert other.path != tuned.path and not torch.equal(other.A, tuned.A)
+    with pytest.raises(ValueError, match="pass that lens as start="):
+        get_tuned_lens(model, budget="finetune", text=TEXT, cache_dir=tmp_path, progress=False, downweight="the")
+    # Budgets that start from their own ridge fit ignore a start lens.
+    assert get_tuned_lens(model, budget=CFG, text=TEXT, cache_dir=tmp_path, progress=False, start=other_start).path == start.path
+
+
+def test_lenses_without_a_start_keep_their_file_names():
+    import dataclasses
+    import hashlib
+
+    from depthkit.lens.training_data import FORMAT_VERSION, config_hash
+
+    info = dk.load_model("tiny-llama").info
+    cfg = resolve_config("default")
+    old = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "start"}
+    key = {"format": FORMAT_VERSION, "config": old, "fingerprint": info.fingerprint, "texts": "wikipedia_passages:lens"}
+    assert config_hash(cfg, info, None) == hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    with pytest.raises(ValueError, match="only read with init='lens'"):
+        resolve_config({"start": "abc"})
+
+
 def test_bad_budgets_are_refused():
     with pytest.raises(ValueError, match="Unknown tuned-lens budget 'huge'"):
         resolve_config("huge")

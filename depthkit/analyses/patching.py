@@ -74,12 +74,39 @@ def patched_logits(
     return out
 
 
+class CleanRuns:
+    """Unpatched last-position residuals of prompts at every depth 0..L, each distinct
+    prompt run once however many sweeps (and :func:`final_tokens`) ask for it: two
+    patching directions between the same tasks read the same prompts, and a
+    random-source control reads its prompts as sources and as targets.
+
+    Calling it with token-id lists gives ``[depth, prompt, d_model]`` in their order."""
+
+    def __init__(self, model: Model, *, batch_size: int = 16) -> None:
+        self.model, self.batch_size = model, batch_size
+        self._rows: dict[tuple[int, ...], Float[Tensor, "depth d_model"]] = {}
+
+    @torch.no_grad()
+    def __call__(self, prompts: Sequence[Sequence[int]]) -> Float[Tensor, "depth prompt d_model"]:
+        keys = [tuple(int(t) for t in p) for p in prompts]
+        missing = [k for k in dict.fromkeys(keys) if k not in self._rows]
+        if missing:
+            depths = list(range(self.model.info.n_blocks + 1))
+            items = [Item(list(k), [len(k) - 1]) for k in missing]
+            h = residual_rows(self.model, items, depths, batch_size=self.batch_size, share_prefix=True)
+            self._rows.update((k, h[:, j]) for j, k in enumerate(missing))
+        return torch.stack([self._rows[k] for k in keys], 1)
+
+
 @torch.no_grad()
-def final_tokens(model: Model, prompts: Sequence[TokensLike], *, batch_size: int = 16) -> np.ndarray:
-    """The model's own next token (its top-1) after each prompt."""
+def final_tokens(
+    model: Model, prompts: Sequence[TokensLike], *, batch_size: int = 16, clean: CleanRuns | None = None
+) -> np.ndarray:
+    """The model's own next token (its top-1) after each prompt. ``clean``: residuals
+    already run (or to be kept) for these prompts."""
     ids = [_ids(model, p) for p in prompts]
-    n_blocks = model.info.n_blocks
-    h = residual_rows(model, [Item(i, [len(i) - 1]) for i in ids], [n_blocks], batch_size=batch_size, share_prefix=True)[0]
+    runs = clean if clean is not None else CleanRuns(model, batch_size=batch_size)
+    h = runs(ids)[model.info.n_blocks]
     return LogitLens(model).readout(h).argmax(-1).cpu().numpy()
 
 
@@ -107,23 +134,19 @@ def _option_sets(options: Sequence[int] | Sequence[Sequence[int]], n: int, what:
 
 @torch.no_grad()
 def _clean_runs(
-    model: Model,
+    runs: CleanRuns,
     src_ids: list[list[int]],
     tgt_ids: list[list[int]],
     depths: list[int],
     n_blocks: int,
     readout,
-    *,
-    batch_size: int,
 ) -> tuple[Tensor, np.ndarray, np.ndarray, np.ndarray]:
     """Unpatched residuals at ``depths`` (last position) of every distinct prompt,
     ``[depth, prompt]``, the row of each source in them, and the model's own output
     token (read at layer ``n_blocks``) of each source and each target."""
     # One clean run per distinct prompt (the control's sources are its targets too).
-    distinct = {tuple(ids): k for k, ids in enumerate(dict.fromkeys(tuple(i) for i in src_ids + tgt_ids))}
-    clean = residual_rows(
-        model, [Item(list(ids), [len(ids) - 1]) for ids in distinct], depths, batch_size=batch_size, share_prefix=True
-    )
+    distinct = {ids: k for k, ids in enumerate(dict.fromkeys(tuple(i) for i in src_ids + tgt_ids))}
+    clean = runs(list(distinct))[depths]
     src_row = np.array([distinct[tuple(i)] for i in src_ids])
     tgt_row = np.array([distinct[tuple(i)] for i in tgt_ids])
     out_ids = readout(clean[depths.index(n_blocks)]).argmax(-1).cpu().numpy()
@@ -181,13 +204,15 @@ def patching_sweep(
     layers: Sequence[int] | None = None,
     batch_size: int = 16,
     progress: bool = True,
+    clean: CleanRuns | None = None,
 ) -> pd.DataFrame:
     """Patch ``sources[i]`` into ``targets[i]`` at every layer of ``layers`` (default
     0..L) and classify what the target then predicts.
 
     ``target_options`` / ``source_options``: option token ids of each task (one list
     for all pairs, or one list per pair). A token in both sets counts as a
-    target option.
+    target option. ``clean``: a :class:`CleanRuns` shared with other sweeps of the
+    same prompts, so that each prompt's unpatched pass runs once.
 
     Returns one row per (pair, layer): ``pair, layer, output_id, output_token,
     output_prob, class`` (target-option / source-option / other),
@@ -209,10 +234,11 @@ def patching_sweep(
     readout = LogitLens(model).readout
 
     depths = sorted(set(layers) | {n_blocks})
-    clean, src_row, src_out, tgt_out = _clean_runs(model, src_ids, tgt_ids, depths, n_blocks, readout, batch_size=batch_size)
+    runs = clean if clean is not None else CleanRuns(model, batch_size=batch_size)
+    clean_h, src_row, src_out, tgt_out = _clean_runs(runs, src_ids, tgt_ids, depths, n_blocks, readout)
     pair_idx = np.repeat(np.arange(n), len(layers))
     layer_col = np.tile(np.array(layers), n)
-    vectors = clean[[depths.index(l) for l in layer_col], src_row[pair_idx]]
+    vectors = clean_h[[depths.index(l) for l in layer_col], src_row[pair_idx]]
     h = patched_final_residuals(model, [tgt_ids[p] for p in pair_idx], layer_col.tolist(), vectors, progress=progress)
     out_id, out_p, p_t, p_s = _read_patched(readout, h, pair_idx, t_opts, s_opts)
     cls, follows = _classify(out_id, pair_idx, t_opts, s_opts, tgt_out, src_out)

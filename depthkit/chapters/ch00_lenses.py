@@ -45,6 +45,18 @@ def model_note(info: Any, meta: Mapping[str, Any], budget: str) -> str:
     )
 
 
+def bias_lenses_note(the_lens: Any, top10_lens: Any, budget: str) -> str:
+    """How the two down-weighted lenses were trained, from their sidecars."""
+    def how(lens: Any) -> str:
+        cfg, took = lens.meta["config"], lens.meta["timing"]["total_s"]
+        start = ("continuing from the tuned lens above" if cfg["init"] == "lens"
+                 else "from its own weighted ridge start" if cfg["init"] == "ridge" else "from zero")
+        return f"{start}, {cfg['steps']} Adam steps at learning rate {cfg['lr']:g} ({took:.0f} s)"
+
+    return (f"Down-weighted lenses (budget `{budget}`): ' the' {how(the_lens)}; Top-10 {how(top10_lens)}; "
+            f"positions down-weighted by ×{the_lens.meta['config']['downweight_factor']:g}.")
+
+
 def fidelity(heldout: pd.DataFrame, L: int) -> tuple[str, pd.DataFrame]:
     """Prose and a table (every ~L/8-th layer) of the held-out KL and top-1 agreement."""
     kl = heldout.pivot(index="layer", columns="lens", values="kl")

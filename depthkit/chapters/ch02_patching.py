@@ -34,18 +34,19 @@ def patching_sweeps(model: Model, prompts: pd.DataFrame, p: Mapping[str, Any], n
     # A user's file may hold fewer prompts than n_pairs: pair as many as both tasks have.
     src, tgt = src.head(len(tgt)), tgt.head(len(src))
     sweeps = []
+    clean = patching.CleanRuns(model)  # both directions and the control read some prompts twice
     for (a, b), (fa, fb) in (((p["patch_source"], p["patch_target"]), (src, tgt)), ((p["patch_target"], p["patch_source"]), (tgt, src))):
         sw = patching.patching_sweep(model, list(fa["prompt"]), list(fb["prompt"]), target_options=list(fb["option_ids"]),
-                                     source_options=list(fa["option_ids"]), layers=layers)
+                                     source_options=list(fa["option_ids"]), layers=layers, clean=clean)
         sweeps.append(sw.assign(direction=f"{a} → {b}", control=False))
     pc = frame(p["patch_control"])
     # The control pairs prompts whose *model* answers differ: with the same answer,
     # following the source could not be told from keeping the target's own.
-    answers = patching.final_tokens(model, list(pc["prompt"]))
+    answers = patching.final_tokens(model, list(pc["prompt"]), clean=clean)
     if len(np.unique(answers)) > 1:
         perm = patching.different_answer_sources(answers, seed=p["seed"])
         ctrl = patching.patching_sweep(model, list(pc["prompt"].iloc[perm]), list(pc["prompt"]), target_options=list(pc["option_ids"]),
-                                       source_options=list(pc["option_ids"].iloc[perm]), layers=layers)
+                                       source_options=list(pc["option_ids"].iloc[perm]), layers=layers, clean=clean)
         sweeps.append(ctrl.assign(direction=control_direction(p), control=True))
     out = pd.concat(sweeps, ignore_index=True)
     out.attrs["control_answers"] = {"task": p["patch_control"], "n": len(answers), "distinct": int(len(np.unique(answers)))}

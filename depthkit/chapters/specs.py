@@ -27,6 +27,10 @@ from depthkit.chapters.param_sets import (
 )
 from depthkit.core.params import Param
 
+# Chapter 00's smoke run: its down-weighted lenses continue from the smoke lens for a few
+# steps, on the smoke lens's positions, so the smoke run takes the "finetune" path.
+SMOKE_FINETUNE = "train_tokens=384,heldout_tokens=64,seq_len=64,batch_positions=16,init=lens,steps=3,lr=3e-4"
+
 NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 
 Check = Callable[[dict[str, Any]], str | None]
@@ -76,14 +80,16 @@ CHAPTERS: dict[str, Chapter] = {
                 lens=False,
                 shared=("seed",),
                 lens_budget=LENS_PARAMS["lens_budget"],
-                bias_budget=replace(LENS_PARAMS["lens_budget"], help="budget of the down-weighted lenses: like lens_budget"),
+                bias_budget=replace(LENS_PARAMS["lens_budget"], example="finetune",
+                                    help="budget of the down-weighted lenses: 'finetune' (continue from the tuned lens) or like lens_budget"),
                 convention=LENS_PARAMS["convention"],
                 n_eval=Param(int, min=10, max=5000, help="prompts of the prompt-level comparison"),
                 example_prompts=Param(list, min=1, max=10),
                 top_k=Param(int, min=1, max=20),
                 n_explore=Param(int, min=1, max=12, help="prompts in the page's offline explorer (the page embeds their grids)"),
             ),
-            smoke={"lens_budget": "smoke", "bias_budget": "smoke", "n_eval": 20, "n_explore": 4},
+            # The bias lenses continue from the smoke lens, on its positions.
+            smoke={"lens_budget": "smoke", "bias_budget": SMOKE_FINETUNE, "n_eval": 20, "n_explore": 4},
         ),
         Chapter(
             "01",

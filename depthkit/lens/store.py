@@ -25,7 +25,7 @@ from depthkit.core.files import atomic_write
 from depthkit.core.files import cache_dir as default_cache_dir
 from depthkit.core.results import model_slug
 from depthkit.lens.base import TunedLens
-from depthkit.lens.training import train_tuned_lens
+from depthkit.lens.training import start_hash, train_tuned_lens
 from depthkit.lens.training_data import (
     FORMAT_VERSION,
     Downweight,
@@ -149,19 +149,23 @@ def get_tuned_lens(
     downweight: Downweight = None,
     seed: int | None = None,
     cache: ResidualCache | None = None,
+    start: TunedLens | None = None,
 ) -> TunedLens:
     """A tuned lens for ``model``: the saved one for this model, budget, text,
-    down-weighting and seed if there is one, otherwise trained now and saved
+    down-weighting, seed (and start lens) if there is one, otherwise trained now and saved
     (``<cache>/lenses/<model>/<hash>.safetensors``). A saved file that is damaged
     raises :class:`LensFileError` saying which file to delete. ``cache``: a
     :class:`~depthkit.lens.training_data.ResidualCache` shared by several calls, so that
     lenses trained on the same text and positions (e.g. with and without
-    down-weighting) cache the residuals once."""
-    cfg = resolve_config(budget, seed=seed, downweight=downweight)
+    down-weighting) cache the residuals once. ``start``: the lens that a budget with
+    ``init="lens"`` ("finetune") continues from; other budgets ignore it."""
+    cfg = resolve_config(budget, seed=seed, downweight=downweight, start=start_hash(budget, start))
     texts = as_texts(text)
     path = lens_path(model, cfg, texts, cache_dir)
     if path.exists():
         return load_lens(model, path)
-    lens = train_tuned_lens(model, texts, cfg, seed=cfg.seed, progress=progress, downweight=cfg.downweight, cache=cache)
+    lens = train_tuned_lens(
+        model, texts, cfg, seed=cfg.seed, progress=progress, downweight=cfg.downweight, cache=cache, start=start
+    )
     save_lens(lens, path)
     return lens

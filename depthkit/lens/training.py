@@ -122,6 +122,7 @@ def train_tuned_lens(
     progress: bool = True,
     downweight: Downweight = None,
     cache: ResidualCache | None = None,
+    start: TunedLens | None = None,
 ) -> TunedLens:
     """Train a tuned lens for ``model`` on ``texts`` (default: the embedded Wikipedia
     passages). ``budget``: "default" (the benchmark's recipe), "smoke" (seconds) or
@@ -134,8 +135,11 @@ def train_tuned_lens(
 
     ``cache``: a :class:`~depthkit.lens.training_data.ResidualCache` of this model, to reuse
     the residuals of an earlier training on the same text and positions (without
-    one they are computed for this call only)."""
-    cfg = resolve_config(budget, seed=seed, downweight=downweight)
+    one they are computed for this call only).
+
+    ``start``: the trained lens that a budget with ``init="lens"`` (e.g. "finetune")
+    continues from, instead of the ridge start; ignored by other budgets."""
+    cfg = resolve_config(budget, seed=seed, downweight=downweight, start=start_hash(budget, start))
     texts_list = as_texts(texts)
     source = texts_list if texts_list is not None else default_texts()
     info = model.info
@@ -148,6 +152,8 @@ def train_tuned_lens(
     data: LensTrainingData = (cache or ResidualCache(model)).get(model, texts_list, cfg, progress)
     timing["cache_s"] = time.perf_counter() - t0
     lens = TunedLens(model)
+    if cfg.init == "lens":
+        _continue_from(lens, start, cfg)
     fit = _fit(lens, model, data, cfg, gen, progress, timing)
     timing["total_s"] = time.perf_counter() - t0
     # CPU seconds of all this process's threads: on a machine shared with other jobs,
@@ -155,6 +161,31 @@ def train_tuned_lens(
     timing["cpu_s"] = time.process_time() - cpu0
     lens.meta = _sidecar(lens, info, cfg, texts_list, source, data, fit, timing, load0)
     return lens
+
+
+def start_hash(budget: str | Mapping[str, Any] | TrainConfig, start: TunedLens | None) -> str | None:
+    """The config hash of ``start`` where ``budget`` continues from a lens, else None."""
+    if resolve_config(budget).init != "lens":
+        return None
+    if start is None:
+        raise ValueError(
+            f"The tuned-lens budget {budget!r} continues from a trained lens (init='lens'): pass that lens as "
+            "start=..., e.g. get_tuned_lens(model, budget, downweight='the', start=get_tuned_lens(model))."
+        )
+    saved = start.meta.get("config_hash")
+    if not saved:
+        raise ValueError("The start lens has no config hash in its sidecar (.meta): start from a lens that depthkit trained and saved.")
+    return str(saved)
+
+
+@torch.no_grad()
+def _continue_from(lens: TunedLens, start: TunedLens | None, cfg: TrainConfig) -> None:
+    if start is None or start.meta.get("config_hash") != cfg.start:
+        raise ValueError(f"init='lens' needs the lens whose config hash is {cfg.start}; pass it as start=.")
+    if start.A.shape != lens.A.shape:
+        raise ValueError(f"The start lens has translators of shape {tuple(start.A.shape)}, this model needs {tuple(lens.A.shape)}.")
+    lens.A.copy_(start.A)
+    lens.b.copy_(start.b)
 
 
 @dataclass

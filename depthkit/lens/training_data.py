@@ -45,7 +45,9 @@ class TrainConfig:
     train_tokens: int = 16384  # positions cached for training
     heldout_tokens: int = 2048  # positions of other passages, for the metrics
     seq_len: int = 128
-    init: Literal["ridge", "zero"] = "ridge"
+    # "lens": continue from an already trained lens (``start``), e.g. the bias check's
+    # down-weighted lenses from the plain tuned lens of the same data.
+    init: Literal["ridge", "zero", "lens"] = "ridge"
     ridge: float = 1e-3  # ridge penalty, relative to the mean variance of h_ℓ
     # Adam steps on the KL after the closed-form start. On smollm2-135m (2 cores, AMX
     # bfloat16) 100 steps take ~2 min and lower the mean held-out KL from 2.54 nats
@@ -60,6 +62,9 @@ class TrainConfig:
     downweight: str | None = None  # None | "the" | "top10"
     downweight_factor: float = 1e-3
     seed: int = 0
+    # Config hash of the lens that ``init="lens"`` continues from (part of this lens's
+    # identity; set from that lens by get_tuned_lens).
+    start: str | None = None
 
     def validate(self) -> TrainConfig:
         ints = {"train_tokens": 8, "heldout_tokens": 8, "seq_len": 4, "steps": 0, "batch_positions": 1}
@@ -67,8 +72,10 @@ class TrainConfig:
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:
                 raise ValueError(f"Tuned-lens config {key}={v!r}: must be an integer >= {lo}.")
-        if self.init not in ("ridge", "zero"):
-            raise ValueError(f"Tuned-lens config init={self.init!r}: choose 'ridge' or 'zero'.")
+        if self.init not in ("ridge", "zero", "lens"):
+            raise ValueError(f"Tuned-lens config init={self.init!r}: choose 'ridge', 'zero' or 'lens'.")
+        if self.start is not None and self.init != "lens":
+            raise ValueError(f"Tuned-lens config start={self.start!r} is only read with init='lens' (init is {self.init!r}).")
         for key in ("matmul_dtype", "eval_dtype"):
             if getattr(self, key) not in ("bfloat16", "float32"):
                 raise ValueError(f"Tuned-lens config {key}={getattr(self, key)!r}: choose 'bfloat16' or 'float32'.")
@@ -81,11 +88,16 @@ class TrainConfig:
         return self
 
 
+FINETUNE_STEPS, FINETUNE_LR = 30, 3e-4
+
 BUDGETS: dict[str, dict[str, Any]] = {
     # Ridge start + 100 Adam steps on the KL (smollm2-135m, 2 cores: ~3 min AMX, ~8 min AVX2).
     "default": {},
     # Seconds: for CI smoke runs of the chapters. Ridge start + a handful of steps.
     "smoke": dict(train_tokens=384, heldout_tokens=64, seq_len=64, steps=3, batch_positions=16),
+    # The bias check's down-weighted lenses: continue from the plain tuned lens (same
+    # positions) with a few Adam steps on the down-weighted KL, a fraction of a lens's cost.
+    "finetune": dict(init="lens", steps=FINETUNE_STEPS, lr=FINETUNE_LR),
 }
 
 
@@ -139,9 +151,12 @@ def resolve_config(budget: str | Mapping[str, Any] | TrainConfig = "default", **
 
 def config_hash(cfg: TrainConfig, info: ModelInfo, texts: Sequence[str] | None) -> str:
     """Identifies what a lens was trained from: config, model weights, training text."""
+    config = dataclasses.asdict(cfg)
+    if config["start"] is None:
+        del config["start"]  # lenses that start from none keep the hashes they had before the field
     key = {
         "format": FORMAT_VERSION,
-        "config": dataclasses.asdict(cfg),
+        "config": config,
         "fingerprint": info.fingerprint,
         "texts": texts_digest(texts),
     }
