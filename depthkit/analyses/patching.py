@@ -211,8 +211,7 @@ def patching_sweep(
 
     ``target_options`` / ``source_options``: option token ids of each task (one list
     for all pairs, or one list per pair). A token in both sets counts as a
-    target option. ``clean``: a :class:`CleanRuns` shared with other sweeps of the
-    same prompts, so that each prompt's unpatched pass runs once.
+    target option. ``clean``: a :class:`CleanRuns` shared with sweeps of the same prompts.
 
     Returns one row per (pair, layer): ``pair, layer, output_id, output_token,
     output_prob, class`` (target-option / source-option / other),
