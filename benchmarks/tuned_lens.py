@@ -4,6 +4,7 @@ per-layer KL(final ‖ lens) next to the logit lens.
     HF_HUB_OFFLINE=1 python benchmarks/tuned_lens.py                  # smollm2-135m, default budget
     HF_HUB_OFFLINE=1 python benchmarks/tuned_lens.py --model gemma3-270m
     HF_HUB_OFFLINE=1 python benchmarks/tuned_lens.py --downweight none the top10   # + bias-check lenses
+    HF_HUB_OFFLINE=1 python benchmarks/tuned_lens.py --downweight none the top10 --bias-budget default  # those from scratch
     HF_HUB_OFFLINE=1 python benchmarks/tuned_lens.py --budget '{"steps": 100}'     # ridge + Adam
 
 Targets (smollm2-135m, 2 CPU cores): training <= 15 minutes; tuned KL below the
@@ -38,6 +39,10 @@ def main(argv: list[str] | None = None) -> int:
         "--downweight", choices=["none", "the", "top10"], nargs="+", default=["none"],
         help="lens variants to train in turn (sharing one residual cache): none, the, top10",
     )
+    ap.add_argument(
+        "--bias-budget", default="finetune",
+        help="budget of the down-weighted variants: 'finetune' (continue from the plain lens trained first) or like --budget",
+    )
     ap.add_argument("--cache-dir", default=None, help="where to save the lens (default: $DEPTHKIT_CACHE or ~/.cache/depthkit)")
     ap.add_argument("--no-save", action="store_true")
     args = ap.parse_args(argv)
@@ -50,17 +55,27 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model {info.name} ({info.quantisation}), {info.n_blocks} blocks, vocab {info.d_vocab:,}, "
           f"loaded in {time.perf_counter() - t0:.0f} s")
     budget = json.loads(args.budget) if args.budget.lstrip().startswith("{") else args.budget
-    ok = True
+    bias = json.loads(args.bias_budget) if args.bias_budget.lstrip().startswith("{") else args.bias_budget
+    if resolve_config(bias).init == "lens" and set(args.downweight) - {"none"} and args.downweight[0] != "none":
+        ap.error("--bias-budget finetune continues from the plain lens: list 'none' first in --downweight.")
+    ok, plain = True, None
     cache = ResidualCache(model)  # the variants read the same positions: residuals cached once
     for variant in args.downweight:
-        downweight = None if variant == "none" else variant
-        ok &= report(model, info, resolve_config(budget, seed=args.seed, downweight=downweight), args, cache)
+        if variant == "none":
+            cfg = resolve_config(budget, seed=args.seed)
+            plain, met = train_and_report(model, info, cfg, args, cache)
+        else:
+            start = plain.meta["config_hash"] if resolve_config(bias).init == "lens" else None
+            cfg = resolve_config(bias, seed=args.seed, downweight=variant, start=start)
+            _, met = train_and_report(model, info, cfg, args, cache, start=plain)
+        ok &= met
     return 0 if ok else 1
 
 
-def report(model, info, cfg, args, cache: ResidualCache) -> bool:
+def train_and_report(model, info, cfg, args, cache: ResidualCache, start=None) -> tuple[object, bool]:
     print(f"\nconfig: {cfg}")
-    lens = train_tuned_lens(model, None, cfg, seed=cfg.seed, downweight=cfg.downweight, progress=True, cache=cache)
+    lens = train_tuned_lens(model, None, cfg, seed=cfg.seed, downweight=cfg.downweight, progress=True, cache=cache,
+                            start=start)
     if not args.no_save:
         path = save_lens(lens, lens_path(model, cfg, None, args.cache_dir))
         print(f"saved {path}")
@@ -107,7 +122,7 @@ def report(model, info, cfg, args, cache: ResidualCache) -> bool:
         print(f"down-weighted {lens.meta['downweighted_share']:.1%} of training positions "
               f"(final top-1 in {lens.meta['downweighted_token_ids']})")
     print("KL TARGETS MET" if ok else "KL TARGETS MISSED")
-    return ok
+    return lens, ok
 
 
 if __name__ == "__main__":
