@@ -231,6 +231,10 @@ def test_finetune_continues_from_the_start_lens(model, tmp_path):
                            progress=False, downweight="the", start=start)
     assert not torch.equal(tuned.A, start.A)
     assert tuned.meta["config"]["start"] == start.meta["config_hash"] and tuned.meta["heldout_after_init"] is None
+    # The front door finds the saved lens again from the same budget and start, without training.
+    again = dk.get_lens(model, "tuned", budget={**CFG, "init": "lens", "steps": 5}, text=TEXT, cache_dir=tmp_path,
+                        downweight="the", start=start)
+    assert again.path == tuned.path and torch.equal(again.A, tuned.A)
     # The start is part of the lens's identity: another start, another file.
     other_start = get_tuned_lens(model, budget={**CFG, "seed": 1}, text=TEXT, cache_dir=tmp_path, progress=False)
     other = get_tuned_lens(model, budget={**CFG, "init": "lens", "steps": 5}, text=TEXT, cache_dir=tmp_path,

@@ -90,7 +90,7 @@ def get_lens(model: Model, lens: str | os.PathLike[str] | Lens = DEFAULT_LENS, *
     asks its kind. ``train=False`` (what every engine call uses) never trains: a
     tuned lens must already be saved; ``train=True`` trains and saves it if needed.
     ``options`` go to the kind (for the tuned lens: ``budget``, ``text``,
-    ``cache_dir``, ``downweight``, ``seed``, and with ``train=True`` ``progress``
+    ``cache_dir``, ``downweight``, ``seed``, ``start``, and with ``train=True`` ``progress``
     and ``cache``).
 
     >>> import depthkit as dk

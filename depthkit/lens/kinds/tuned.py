@@ -11,6 +11,7 @@ from typing import Any
 from depthkit.lens.base import TunedLens
 from depthkit.lens.registry import LensKind
 from depthkit.lens.store import LensFileError, get_tuned_lens, lens_path, load_lens
+from depthkit.lens.training import start_hash
 from depthkit.lens.training_data import Downweight, TrainConfig, as_texts, resolve_config
 
 
@@ -23,8 +24,9 @@ def _load(
     downweight: Downweight = None,
     seed: int | None = None,
     progress: bool | None = None,  # noqa: ARG001 - nothing runs when only loading
+    start: TunedLens | None = None,
 ) -> TunedLens:
-    cfg = resolve_config(budget, seed=seed, downweight=downweight)
+    cfg = resolve_config(budget, seed=seed, downweight=downweight, start=start_hash(budget, start))
     path = lens_path(model, cfg, as_texts(text), cache_dir)
     if not path.exists():
         what = "" if budget == "default" else f"budget={budget!r}, "
