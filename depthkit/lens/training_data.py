@@ -88,8 +88,6 @@ class TrainConfig:
         return self
 
 
-FINETUNE_STEPS, FINETUNE_LR = 30, 3e-4
-
 BUDGETS: dict[str, dict[str, Any]] = {
     # Ridge start + 100 Adam steps on the KL (smollm2-135m, 2 cores: ~3 min AMX, ~8 min AVX2).
     "default": {},
@@ -97,7 +95,7 @@ BUDGETS: dict[str, dict[str, Any]] = {
     "smoke": dict(train_tokens=384, heldout_tokens=64, seq_len=64, steps=3, batch_positions=16),
     # The bias check's down-weighted lenses: continue from the plain tuned lens (same
     # positions) with a few Adam steps on the down-weighted KL, a fraction of a lens's cost.
-    "finetune": dict(init="lens", steps=FINETUNE_STEPS, lr=FINETUNE_LR),
+    "finetune": dict(init="lens", steps=30, lr=3e-4),
 }
 
 
