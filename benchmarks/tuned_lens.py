@@ -6,6 +6,7 @@ per-layer KL(final ‖ lens) next to the logit lens.
     HF_HUB_OFFLINE=1 python benchmarks/tuned_lens.py --downweight none the top10   # + bias-check lenses
     HF_HUB_OFFLINE=1 python benchmarks/tuned_lens.py --downweight none the top10 --bias-budget default  # those from scratch
     HF_HUB_OFFLINE=1 python benchmarks/tuned_lens.py --budget '{"steps": 100}'     # ridge + Adam
+    HF_HUB_OFFLINE=1 python benchmarks/tuned_lens.py --compare '{"steps": 100, "lr": 1e-4}'  # against another schedule
 
 Targets (smollm2-135m, 2 CPU cores): training <= 15 minutes; tuned KL below the
 logit lens at every layer ℓ < L and >= 50 % lower on average over the first half
@@ -43,6 +44,11 @@ def main(argv: list[str] | None = None) -> int:
         "--bias-budget", default="finetune",
         help="budget of the down-weighted variants: 'finetune' (continue from the plain lens trained first) or like --budget",
     )
+    ap.add_argument(
+        "--compare", metavar="BUDGET",
+        help="also train this budget (like --budget) on the same positions and print the plain lens's held-out KL "
+             "per layer relative to it: how a cheaper schedule is shown equivalent",
+    )
     ap.add_argument("--cache-dir", default=None, help="where to save the lens (default: $DEPTHKIT_CACHE or ~/.cache/depthkit)")
     ap.add_argument("--no-save", action="store_true")
     args = ap.parse_args(argv)
@@ -69,7 +75,30 @@ def main(argv: list[str] | None = None) -> int:
             cfg = resolve_config(bias, seed=args.seed, downweight=variant, start=start)
             _, met = train_and_report(model, info, cfg, args, cache, start=plain)
         ok &= met
+    if args.compare:
+        if plain is None:
+            ap.error("--compare compares the plain lens: list 'none' in --downweight.")
+        other = json.loads(args.compare) if args.compare.lstrip().startswith("{") else args.compare
+        cfg = resolve_config(other, seed=args.seed)
+        print(f"\ncomparison schedule: {cfg}")
+        ref = train_tuned_lens(model, None, cfg, seed=cfg.seed, progress=True, cache=cache)
+        compare_schedules(plain, ref)
     return 0 if ok else 1
+
+
+def compare_schedules(lens, ref) -> None:
+    """Held-out KL per layer of ``lens`` relative to ``ref`` (same positions, same seed)."""
+    def kl(x):
+        h = x.heldout()
+        return h[h["lens"] == "tuned"].set_index("layer")["kl"]
+
+    rel = kl(lens) / kl(ref) - 1
+    t, tr = lens.meta["timing"], ref.meta["timing"]
+    print("held-out KL per layer, this schedule relative to the comparison: "
+          + " ".join(f"{v:+.1%}" for v in rel))
+    print(f"mean KL {kl(lens).mean():.4f} vs {kl(ref).mean():.4f}; largest per-layer excess {rel.max():+.2%} "
+          f"(layer {int(rel.idxmax())}); Adam steps {t['train_s']:.0f} s vs {tr['train_s']:.0f} s")
+    print("WITHIN 2 % AT EVERY LAYER" if rel.max() <= 0.02 else "NOT WITHIN 2 % AT EVERY LAYER")
 
 
 def train_and_report(model, info, cfg, args, cache: ResidualCache, start=None) -> tuple[object, bool]:
