@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import warnings
 
 import pytest
 import torch
@@ -227,8 +228,10 @@ def test_finetune_continues_from_the_start_lens(model, tmp_path):
     same = get_tuned_lens(model, budget={**CFG, "init": "lens", "steps": 0}, text=TEXT, cache_dir=tmp_path,
                           progress=False, downweight="the", start=start)
     assert torch.equal(same.A, start.A) and torch.equal(same.b, start.b)
-    tuned = get_tuned_lens(model, budget={**CFG, "init": "lens", "steps": 5}, text=TEXT, cache_dir=tmp_path,
-                           progress=False, downweight="the", start=start)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same positions as its start: nothing to warn about
+        tuned = get_tuned_lens(model, budget={**CFG, "init": "lens", "steps": 5}, text=TEXT, cache_dir=tmp_path,
+                               progress=False, downweight="the", start=start)
     assert not torch.equal(tuned.A, start.A)
     assert tuned.meta["config"]["start"] == start.meta["config_hash"] and tuned.meta["heldout_after_init"] is None
     # The front door finds the saved lens again from the same budget and start, without training.
@@ -237,8 +240,9 @@ def test_finetune_continues_from_the_start_lens(model, tmp_path):
     assert again.path == tuned.path and torch.equal(again.A, tuned.A)
     # The start is part of the lens's identity: another start, another file.
     other_start = get_tuned_lens(model, budget={**CFG, "seed": 1}, text=TEXT, cache_dir=tmp_path, progress=False)
-    other = get_tuned_lens(model, budget={**CFG, "init": "lens", "steps": 5}, text=TEXT, cache_dir=tmp_path,
-                           progress=False, downweight="the", start=other_start)
+    with pytest.warns(UserWarning, match="seed 1 there, 0 here"):
+        other = get_tuned_lens(model, budget={**CFG, "init": "lens", "steps": 5}, text=TEXT, cache_dir=tmp_path,
+                               progress=False, downweight="the", start=other_start)
     assert other.path != tuned.path and not torch.equal(other.A, tuned.A)
     with pytest.raises(ValueError, match="pass that lens as start="):
         get_tuned_lens(model, budget="finetune", text=TEXT, cache_dir=tmp_path, progress=False, downweight="the")

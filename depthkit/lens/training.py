@@ -37,6 +37,7 @@ import dataclasses
 import math
 import os
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -178,6 +179,10 @@ def start_hash(budget: str | Mapping[str, Any] | TrainConfig, start: TunedLens |
     return str(saved)
 
 
+# The TrainConfig fields that choose a lens's training positions.
+_POSITION_FIELDS = ("train_tokens", "heldout_tokens", "seq_len", "seed")
+
+
 @torch.no_grad()
 def _continue_from(lens: TunedLens, start: TunedLens | None, cfg: TrainConfig) -> None:
     if start is None or start.meta.get("config_hash") != cfg.start:
@@ -186,6 +191,17 @@ def _continue_from(lens: TunedLens, start: TunedLens | None, cfg: TrainConfig) -
         raise ValueError(f"The start lens has translators of shape {tuple(start.A.shape)}, this model needs {tuple(lens.A.shape)}.")
     lens.A.copy_(start.A)
     lens.b.copy_(start.b)
+    # Continuing on other positions still works, but it is no longer "the same lens,
+    # re-weighted": say so rather than let a bias check compare unlike lenses.
+    was = {k: (start.meta.get("config") or {}).get(k) for k in _POSITION_FIELDS}
+    now = {k: getattr(cfg, k) for k in _POSITION_FIELDS}
+    if was != now:
+        differ = ", ".join(f"{k} {was[k]} there, {now[k]} here" for k in _POSITION_FIELDS if was[k] != now[k])
+        warnings.warn(
+            f"The start lens was trained on other positions than this lens continues on ({differ}); give both budgets "
+            f"the same {', '.join(_POSITION_FIELDS)} to continue on the positions the start lens was trained on.",
+            stacklevel=3,
+        )
 
 
 @dataclass
