@@ -60,8 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     info = dk.model_info(model)
     print(f"model {info.name} ({info.quantisation}), {info.n_blocks} blocks, vocab {info.d_vocab:,}, "
           f"loaded in {time.perf_counter() - t0:.0f} s")
-    budget = json.loads(args.budget) if args.budget.lstrip().startswith("{") else args.budget
-    bias = json.loads(args.bias_budget) if args.bias_budget.lstrip().startswith("{") else args.bias_budget
+    budget, bias = parse_budget(args.budget), parse_budget(args.bias_budget)
     if resolve_config(bias).init == "lens" and set(args.downweight) - {"none"} and args.downweight[0] != "none":
         ap.error("--bias-budget finetune continues from the plain lens: list 'none' first in --downweight.")
     ok, plain = True, None
@@ -78,12 +77,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare:
         if plain is None:
             ap.error("--compare compares the plain lens: list 'none' in --downweight.")
-        other = json.loads(args.compare) if args.compare.lstrip().startswith("{") else args.compare
-        cfg = resolve_config(other, seed=args.seed)
+        cfg = resolve_config(parse_budget(args.compare), seed=args.seed)
         print(f"\ncomparison schedule: {cfg}")
         ref = train_tuned_lens(model, None, cfg, seed=cfg.seed, progress=True, cache=cache)
+        if not args.no_save:  # it may be the default lens: later chapters then find it trained
+            print(f"saved {save_lens(ref, lens_path(model, cfg, None, args.cache_dir))}")
         compare_schedules(plain, ref)
     return 0 if ok else 1
+
+
+def parse_budget(text: str) -> str | dict:
+    """A budget name ('default', 'smoke', 'finetune') or a JSON object of TrainConfig fields."""
+    return json.loads(text) if text.lstrip().startswith("{") else text
 
 
 def compare_schedules(lens, ref) -> None:

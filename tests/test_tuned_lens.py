@@ -12,6 +12,7 @@ import torch
 import depthkit as dk
 from depthkit.lens import (
     LensFileError,
+    ResidualCache,
     TunedLens,
     get_tuned_lens,
     heldout_metrics,
@@ -222,6 +223,20 @@ def test_downweighting_the(model, tmp_path):
     assert plain.path != lens.path
 
 
+def test_downweighted_lenses_on_shared_positions_read_the_same_top1(model):
+    # The second lens reuses the first one's top-1 of the training positions; its
+    # weights must be what a lens with its own residual cache computes.
+    cache = ResidualCache(model)
+    train_tuned_lens(model, TEXT, "smoke", progress=False, downweight="the", cache=cache)
+    shared = train_tuned_lens(model, TEXT, "smoke", progress=False, downweight="top10", cache=cache)
+    alone = train_tuned_lens(model, TEXT, "smoke", progress=False, downweight="top10", cache=ResidualCache(model))
+    assert shared.meta["downweighted_share"] == alone.meta["downweighted_share"] > 0
+    assert torch.equal(shared.A, alone.A)
+    data = cache.get(model, TEXT, resolve_config("smoke", downweight="top10"), False)
+    own = LogitLens(model).readout(data.resid[-1]).argmax(-1)  # the model's output row, read directly
+    assert torch.equal(data.final_top1, own)
+
+
 def test_finetune_continues_from_the_start_lens(model, tmp_path):
     start = get_tuned_lens(model, budget=CFG, text=TEXT, cache_dir=tmp_path, progress=False)
     # No Adam step: the continued lens is its start, weight for weight.
@@ -394,8 +409,6 @@ def test_residual_cache_computes_residuals_once(model, monkeypatch):
 
 
 def test_residual_cache_belongs_to_one_model(model, other_model, tmp_path):
-    from depthkit.lens import ResidualCache
-
     cache = ResidualCache(model)
     with pytest.raises(ValueError, match="another model"):
         get_tuned_lens(other_model, budget="smoke", text=TEXT, cache_dir=tmp_path, progress=False, cache=cache)

@@ -237,7 +237,7 @@ def _fit(
     rows = tuple(sorted({*train_rows, *eval_rows, *_product_rows(lens.n_blocks, train_rows + eval_rows, d_vocab)} - {0}))
     dtype, train_verdict = matmul_dtype(cfg.matmul_dtype, lens.d_model, d_vocab, device, rows)
     fast = Readout(model, dtype)
-    weights, down_ids = _position_weights(model, cfg, resid)
+    weights, down_ids = _position_weights(model, cfg, data)
     t1 = time.perf_counter()
     if cfg.init == "ridge":
         _ridge_init(lens, resid, weights, cfg.ridge)
@@ -258,17 +258,16 @@ def _fit(
     return _Fit(dtype, eval_dtype, train_verdict or eval_verdict, weights, down_ids, metrics_init, losses, metrics, eval_check)
 
 
-def _position_weights(
-    model: Model, cfg: TrainConfig, resid: Float[Tensor, "depth n d_model"]
-) -> tuple[Float[Tensor, " n"], list[int]]:
+def _position_weights(model: Model, cfg: TrainConfig, data: LensTrainingData) -> tuple[Float[Tensor, " n"], list[int]]:
     """Training weight of every position (down-weighted where ``cfg`` says), and the
     token ids whose positions are down-weighted."""
-    weights = torch.ones(resid.shape[1])
+    weights = torch.ones(data.resid.shape[1])
     down_ids: list[int] = []
     if cfg.downweight:
         down_ids = _downweight_ids(model, cfg.downweight)
-        top1 = _final_top1(Readout(model, torch.float32), resid[-1])
-        weights[torch.isin(top1, torch.tensor(down_ids))] = cfg.downweight_factor
+        if data.final_top1 is None:
+            data.final_top1 = _final_top1(Readout(model, torch.float32), data.resid[-1])
+        weights[torch.isin(data.final_top1, torch.tensor(down_ids))] = cfg.downweight_factor
     return weights, down_ids
 
 

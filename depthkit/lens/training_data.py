@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from depthkit.core.model_info import ModelInfo
@@ -266,6 +266,9 @@ class LensTrainingData:
     # Held-out metrics of the logit lens by product dtype: they depend on these
     # residuals alone, so the lenses trained on the same data share them.
     logit_metrics: dict[str, pd.DataFrame] = field(default_factory=dict)
+    # The model's own top-1 at the training positions (float32 readout), read by
+    # every down-weighted lens trained on them: computed once.
+    final_top1: Int[Tensor, " n"] | None = None
 
     @staticmethod
     def key_for(model: Model, texts: Sequence[str] | None, cfg: TrainConfig) -> tuple:
