@@ -34,11 +34,19 @@ GONE_WITHIN_S = 10.0
 EARLIER = "a complete notebook from an earlier run"
 
 
+def _as_from_a_terminal() -> None:
+    # A command started with `&` by a shell without job control (a CI script, say)
+    # inherits SIGINT ignored, and Python then never turns Ctrl-C into
+    # KeyboardInterrupt; a runner started from a terminal has the default.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(args: list[str]) -> subprocess.Popen:
     # A session of its own: the test signals this pid alone, as `kill PID` does.
     return subprocess.Popen(
         [sys.executable, "-m", "depthkit.cli", *args], cwd=REPO,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        preexec_fn=_as_from_a_terminal,
     )  # fmt: skip
 
 
