@@ -13,6 +13,7 @@ and storage live in :mod:`depthkit.lens.training` and :mod:`depthkit.lens.store`
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -147,6 +148,37 @@ class Readout:
         transposed unembedding, in the readout's dtype, returned as float32."""
         assert self.W is not None, "project_back() needs a Readout with a dtype"
         return (g.reshape(-1, g.shape[-1]).to(self.dtype) @ self.W.T).float().view(*g.shape[:-1], self.W.shape[0])
+
+    def project_back_sampled(
+        self, g: Float[Tensor, "... d_vocab"], samples: int, gen: torch.Generator, chunk: int = 512
+    ) -> Float[Tensor, "... d_model"]:
+        """An unbiased estimate of :meth:`project_back` from ``samples`` vocabulary
+        entries per row: systematic sampling in proportion to ``|g|``, so an entry
+        holding a fraction f of a row's mass is drawn ⌊f·samples⌋ or ⌈f·samples⌉
+        times and the large entries are nearly exact. Each draw carries
+        ``sign(g) · Σ|g| / samples``; the draws form a sparse matrix times the
+        unembedding's rows. Float32; ``chunk`` rows at a time bound the scratch."""
+        assert self.W is not None, "project_back_sampled() needs a Readout with a dtype"
+        if getattr(self, "_WT", None) is None:
+            # Rows of the unembedding, contiguous, float32: what the sparse product reads.
+            self._WT = self.W.T.float().contiguous()
+        v, d = self._WT.shape
+        flat = g.reshape(-1, v)
+        out = torch.empty(flat.shape[0], d)
+        steps = torch.arange(samples, dtype=torch.float32)
+        for s in range(0, flat.shape[0], chunk):
+            part = flat[s : s + chunk]
+            c = part.abs().cumsum_(-1)
+            mass = c[:, -1:]
+            offset = torch.rand(part.shape[0], 1, generator=gen)
+            idx = torch.searchsorted(c, (steps[None] + offset) * (mass / samples)).clamp_(max=v - 1)
+            coef = torch.gather(part, 1, idx).sign_().mul_(mass / samples)
+            crow = torch.arange(0, part.shape[0] * samples + 1, samples)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+                sparse = torch.sparse_csr_tensor(crow, idx.flatten(), coef.flatten(), size=part.shape)
+            out[s : s + chunk] = sparse @ self._WT
+        return out.view(*g.shape[:-1], d)
 
     def cap_(self, z: Float[Tensor, "... d_vocab"]) -> Float[Tensor, "... d_vocab"]:
         """The final logit soft-cap, in place (a no-op without one)."""

@@ -57,6 +57,11 @@ class TrainConfig:
     steps: int = 100
     batch_positions: int = 128
     lr: float = 1e-4
+    # 0: the KL's gradient goes back through the whole unembedding (exact). n > 0: an
+    # unbiased estimate from n tokens per position and layer, drawn in proportion to
+    # the gradient's size (systematic sampling), which skips the transposed product
+    # (see :func:`~depthkit.lens.training_steps.kl_gradients`).
+    backward_samples: int = 0
     grad_clip: float = 1.0
     matmul_dtype: Literal["bfloat16", "float32"] = "bfloat16"  # training products
     eval_dtype: Literal["bfloat16", "float32"] = "bfloat16"  # held-out metrics
@@ -68,7 +73,7 @@ class TrainConfig:
     start: str | None = None
 
     def validate(self) -> TrainConfig:
-        ints = {"train_tokens": 8, "heldout_tokens": 8, "seq_len": 4, "steps": 0, "batch_positions": 1}
+        ints = {"train_tokens": 8, "heldout_tokens": 8, "seq_len": 4, "steps": 0, "batch_positions": 1, "backward_samples": 0}
         for key, lo in ints.items():
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:
@@ -153,6 +158,8 @@ def config_hash(cfg: TrainConfig, info: ModelInfo, texts: Sequence[str] | None) 
     config = dataclasses.asdict(cfg)
     if config["start"] is None:
         del config["start"]  # lenses that start from none keep the hashes they had before the field
+    if config["backward_samples"] == 0:
+        del config["backward_samples"]  # likewise for exact gradients
     key = {
         "format": FORMAT_VERSION,
         "config": config,

@@ -52,7 +52,8 @@ def adam_steps(
         idx = torch.randint(0, n, (rows,), generator=gen)
         w = weights[idx]
         w = w / w.sum()
-        gA, gb, total = kl_gradients(lens, readout, resid, idx, w, (mu, sigma), (delta_A, delta_b), buf)
+        sampled = (cfg.backward_samples, gen) if cfg.backward_samples else None
+        gA, gb, total = kl_gradients(lens, readout, resid, idx, w, (mu, sigma), (delta_A, delta_b), buf, sampled)
         # Clip each layer's gradient on its own: layers are independent problems.
         norms = (gA.flatten(1).square().sum(1) + gb.square().sum(1)).sqrt()
         scale = (cfg.grad_clip / (norms + 1e-12)).clamp(max=1.0)
@@ -81,12 +82,15 @@ def kl_gradients(
     standardise: tuple[Float[Tensor, "layer d_model"], Float[Tensor, "layer d_model"]],
     deltas: tuple[Float[Tensor, "layer d_model d_model"], Float[Tensor, "layer d_model"]],
     buf: Float[Tensor, " n"] | None = None,
+    sampled: tuple[int, torch.Generator] | None = None,
 ) -> tuple[Float[Tensor, "layer d_model d_model"], Float[Tensor, "layer d_model"], float]:
     """Gradients w.r.t. the corrections ``deltas`` = (Δ, δ) of the training loss
     ``Σ_ℓ Σ_pos w · KL(p_L ‖ q_ℓ) / L`` at positions ``idx``, where lens ℓ reads
     ``translate(h) + Δ_ℓ (h - μ_ℓ) / σ_ℓ + δ_ℓ`` (``standardise`` = (μ, σ)); and the
     sum over layers of the weighted KL. ``buf``: float32 scratch for the logits of
-    one group of layers (:func:`layer_groups`)."""
+    one group of layers (:func:`layer_groups`). ``sampled`` = (samples, generator):
+    take the gradient back through the unembedding as an unbiased sampled estimate
+    (:meth:`~depthkit.lens.base.Readout.project_back_sampled`) instead of exactly."""
     mu, sigma = standardise
     delta_A, delta_b = deltas
     L = lens.n_blocks
@@ -114,7 +118,8 @@ def kl_gradients(
         # The model's parameters get no gradient (grads are taken w.r.t. the
         # corrections only), and the unembedding's own gradient, the most expensive
         # product of all, is never formed.
-        gA[g.start : g.stop], gb[g.start : g.stop] = torch.autograd.grad(x, (dA, db), readout.project_back(z).to(x.dtype))
+        back = readout.project_back(z) if sampled is None else readout.project_back_sampled(z, *sampled)
+        gA[g.start : g.stop], gb[g.start : g.stop] = torch.autograd.grad(x, (dA, db), back.to(x.dtype))
         total += float((w * kl).sum())
     return gA, gb, total
 
