@@ -89,6 +89,9 @@ class Readout:
         self.norm_dtype = W.dtype  # the model's own precision
         self.W: Tensor | None = None
         self.b: Tensor | None = None
+        # Float32 rows of the unembedding, made on the first sampled back-projection
+        # only: most readouts never need this second copy.
+        self.rows: Float[Tensor, "d_vocab d_model"] | None = None
         # Whether every readout goes through W (a Readout with a dtype), or only
         # products written into a caller's buffer (below) while the rest call the module.
         self.own_copy = dtype is not None
@@ -159,16 +162,16 @@ class Readout:
         ``sign(g) · Σ|g| / samples``; the draws form a sparse matrix times the
         unembedding's rows. Float32; ``chunk`` rows at a time bound the scratch."""
         assert self.W is not None, "project_back_sampled() needs a Readout with a dtype"
-        if getattr(self, "_WT", None) is None:
-            # Rows of the unembedding, contiguous, float32: what the sparse product reads.
-            self._WT = self.W.T.float().contiguous()
-        v, d = self._WT.shape
+        if self.rows is None:
+            self.rows = self.W.T.float().contiguous()
+        v, d = self.rows.shape
         flat = g.reshape(-1, v)
         out = torch.empty(flat.shape[0], d)
         steps = torch.arange(samples, dtype=torch.float32)
+        scratch = torch.empty(min(chunk, flat.shape[0]), v)  # |g|'s running sums, reused
         for s in range(0, flat.shape[0], chunk):
             part = flat[s : s + chunk]
-            c = part.abs().cumsum_(-1)
+            c = torch.abs(part, out=scratch[: part.shape[0]]).cumsum_(-1)
             mass = c[:, -1:]
             offset = torch.rand(part.shape[0], 1, generator=gen)
             idx = torch.searchsorted(c, (steps[None] + offset) * (mass / samples)).clamp_(max=v - 1)
@@ -177,7 +180,7 @@ class Readout:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
                 sparse = torch.sparse_csr_tensor(crow, idx.flatten(), coef.flatten(), size=part.shape)
-            out[s : s + chunk] = sparse @ self._WT
+            out[s : s + chunk] = sparse @ self.rows
         return out.view(*g.shape[:-1], d)
 
     def cap_(self, z: Float[Tensor, "... d_vocab"]) -> Float[Tensor, "... d_vocab"]:
