@@ -159,27 +159,40 @@ class Readout:
         entries per row: systematic sampling in proportion to ``|g|``, so an entry
         holding a fraction f of a row's mass is drawn ⌊f·samples⌋ or ⌈f·samples⌉
         times and the large entries are nearly exact. Each draw carries
-        ``sign(g) · Σ|g| / samples``; the draws form a sparse matrix times the
-        unembedding's rows. Float32; ``chunk`` rows at a time bound the scratch."""
+        ``sign(g) · Σ|g| / samples``; the draws, repeated ones merged, form a sparse
+        matrix times the unembedding's rows. Float32; ``chunk`` rows at a time bound the scratch."""
         assert self.W is not None, "project_back_sampled() needs a Readout with a dtype"
         if self.rows is None:
             self.rows = self.W.T.float().contiguous()
         v, d = self.rows.shape
         flat = g.reshape(-1, v)
-        out = torch.empty(flat.shape[0], d)
-        steps = torch.arange(samples, dtype=torch.float32)
-        scratch = torch.empty(min(chunk, flat.shape[0]), v)  # |g|'s running sums, reused
+        dev = flat.device
+        out = torch.empty(flat.shape[0], d, device=dev)
+        steps = torch.arange(samples, dtype=torch.float32, device=dev)
+        scratch = torch.empty(min(chunk, flat.shape[0]), v, device=dev)  # |g|'s running sums, reused
         for s in range(0, flat.shape[0], chunk):
             part = flat[s : s + chunk]
             c = torch.abs(part, out=scratch[: part.shape[0]]).cumsum_(-1)
             mass = c[:, -1:]
-            offset = torch.rand(part.shape[0], 1, generator=gen)
+            offset = torch.rand(part.shape[0], 1, generator=gen).to(dev)  # the generator is the CPU's
             idx = torch.searchsorted(c, (steps[None] + offset) * (mass / samples)).clamp_(max=v - 1)
             coef = torch.gather(part, 1, idx).sign_().mul_(mass / samples)
-            crow = torch.arange(0, part.shape[0] * samples + 1, samples)
+            # A large entry is drawn several times; CSR wants each column once per row
+            # (sorted, as searchsorted gives them), so repeated draws merge into one
+            # entry carrying their sum.
+            first = torch.ones_like(idx, dtype=torch.bool)
+            first[:, 1:] = idx[:, 1:] != idx[:, :-1]
+            first = first.flatten()
+            merged = torch.zeros(int(first.sum()), device=dev).index_add_(0, first.cumsum(0) - 1, coef.flatten())
+            crow = torch.zeros(part.shape[0] + 1, dtype=torch.long, device=dev)
+            crow[1:] = first.view(part.shape[0], samples).sum(1).cumsum(0)
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
-                sparse = torch.sparse_csr_tensor(crow, idx.flatten(), coef.flatten(), size=part.shape)
+                sparse = torch.sparse_csr_tensor(
+                    crow, idx.flatten()[first], merged, size=part.shape,
+                    # Valid by construction; checked only where the caller asks for it.
+                    check_invariants=torch.sparse.check_sparse_tensor_invariants.is_enabled(),
+                )
             out[s : s + chunk] = sparse @ self.rows
         return out.view(*g.shape[:-1], d)
 
