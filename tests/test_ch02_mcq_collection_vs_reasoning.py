@@ -211,6 +211,9 @@ def test_patching_summary_without_a_control_says_why():
     assert ch.FOLLOWS not in set(tr["what"])
     text = ch.patching_summary(tr, sweep, ranks_frame(n_layers=6), 5, n_boot=50, seed=0)
     assert "cannot be measured here" in text and "same answer to all 50 sst2 prompts" in text
+    # the transition only at the output (5): its gap to the collection layer is a bound, not an interval
+    assert "patching transitions are at least 4 layers later" in text and "only at the output, so the gap is a bound" in text
+    assert "CI +4 to +4" not in text
 
 
 def test_headlines_carry_the_share_of_resamples_at_the_output():
@@ -229,6 +232,18 @@ def test_headlines_carry_the_share_of_resamples_at_the_output():
     assert "answer settled at the output, not before (in 100 % of resamples)" in text and "of 4 (95 % CI 4–4)" not in text
     # both percentiles on layer 1 of the grid: the share of resamples there, not "95 % CI 1–1"
     assert "options collected at layer 1 of 4 in 100 % of resamples (grid: 1 layer)" in text
+
+
+def test_an_order_with_the_answer_only_at_the_output_is_a_bound_not_an_interval():
+    from depthkit.analyses import mcq
+
+    # balanced answers (testable), options collected at layer 1, the answer only at the output (4)
+    r = ranks_frame(n_items=12, decide_at=4, balanced=True)
+    est = mcq.layer_estimates(r, n_boot=50, seed=0)
+    text = ch.layer_summary(est, mcq.accuracy(r), _prompts(12, balanced=True), r, 4, n_boot=50, seed=0)
+    assert "**testable**" in text
+    assert "settled answers are at least 3.0 layers later than collected options" in text
+    assert "only at the output, so the gap is a bound" in text and "CI +3.0 to +3.0" not in text
 
 
 def _with_sets(r: pd.DataFrame, sets: int) -> pd.DataFrame:

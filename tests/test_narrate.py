@@ -74,3 +74,24 @@ def test_a_zero_width_layer_interval_gives_the_share_of_resamples_and_the_grid()
     # a mean between layers whose interval rounds to one layer keeps a decimal instead
     assert narrate.layer(12.3, 12.1, 12.4, n_blocks=30) == "layer 12.3 of 30 (95 % CI 12.1–12.4)"
     assert narrate.layer(12, 10, 14, n_blocks=30) == "layer 12 of 30 (95 % CI 10–14)"
+
+
+def test_a_zero_width_difference_is_a_share_of_resamples_on_its_grid_not_an_interval():
+    text = narrate.difference(-2, -2, -2, **LATER, digits=0, step=1)
+    assert text == "content words are 2 layers earlier than function words (-2 in at least 95 % of resamples, grid: 1 layer)"
+    assert "CI" not in text
+    assert "CI" not in narrate.difference(0, 0, 0, **LATER) and narrate.difference(0, 0, 0, **LATER).startswith("no clear")
+
+
+def test_a_difference_with_a_side_at_the_output_is_a_bound():
+    assert narrate.at_output(30, 24, 30) == "subject" and narrate.at_output(24, 30, 30) == "than"
+    assert narrate.at_output(30, 30, 30) == "both" and narrate.at_output(24, 21, 30) is None
+    later = narrate.difference(6, 6, 6, **LATER, step=1, censored="subject")
+    assert later.startswith("content words are at least 6.0 layers later than function words") and "a bound" in later
+    # The subject's true layer is at least the output: a negative measured gap proves nothing.
+    assert narrate.difference(-3, -5, -1, **LATER, censored="subject").startswith("no clear difference")
+    earlier = narrate.difference(-3, -5, -1, **LATER, censored="than")
+    assert earlier.startswith("content words are at least 3.0 layers earlier") and "function words only at the output" in earlier
+    assert narrate.difference(3, 1, 5, **LATER, censored="than").startswith("no clear difference")
+    both = narrate.difference(0, 0, 3, **LATER, censored="both")
+    assert "cannot be measured here" in both and "no clear" not in both

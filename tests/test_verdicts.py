@@ -411,7 +411,7 @@ def test_chapter_02_quantities_from_saved_tables(tmp_path) -> None:
 
 
 def test_no_interval_shown_as_precise_and_the_output_row_is_censoring() -> None:
-    assert vd._ci(vd.Stat(0.72, 0.72, 0.72, 50)) == "0.72 (every resample)"
+    assert vd._ci(vd.Stat(0.72, 0.72, 0.72, 50)) == "0.72 (in at least 95 % of resamples)"
     assert vd._ci(vd.Stat(0.5, 0.4, 0.6, 50)) == "0.50 [0.40, 0.60]"
     assert vd._layer_at(vd.Stat(1.0, 1.0, 1.0, 50)) == "the output, not before"
     assert vd._layer_at(vd.Stat(1.0, 0.9, 1.0, 50)) == "the output, not before (95 % CI from ℓ/L 0.90)"

@@ -13,6 +13,7 @@ from depthkit.analyses import patching
 from depthkit.chapters.ch02_layers import _layer, transition_difference
 from depthkit.chapters.ch02_prompts import task_prompts
 from depthkit.stats import narrate
+from depthkit.stats.narrate import at_output
 
 if TYPE_CHECKING:
     from depthkit.engine.handle import Model
@@ -96,8 +97,10 @@ def patching_summary(tr: pd.DataFrame, sweep: pd.DataFrame, ranks: pd.DataFrame,
         gap = ""
         if np.isfinite(col) and np.isfinite(t.transition_layer):
             ci = transition_difference(sweep[sweep["direction"] == d], ranks, tgt, n_boot=n_boot, seed=seed)
+            at = f"layer {col:.0f}" if col < n_blocks else "the output"
             gap = "; " + narrate.difference(ci.estimate, ci.lo, ci.hi, more="later", less="earlier", subject="patching transitions",
-                                            than=f"the lens's collection layer for {tgt} (layer {col:.0f})", digits=0)
+                                            than=f"the lens's collection layer for {tgt} ({at})", digits=0, step=1,  # the collection layer is on every layer
+                                            censored=at_output(t.transition_layer, col, n_blocks))
         txt.append(f"* **{d}**: source options take over at {_tr_layer(t, n_blocks, 'no stable transition')}{gap}.")
     answers = sweep.attrs.get("control_answers", {})
     if not (tr["what"] == FOLLOWS).any():

@@ -13,6 +13,7 @@ from depthkit import stats
 from depthkit.analyses import mcq
 from depthkit.chapters.ch02_layers import COLLECT_LEVEL, DECIDE_LEVEL, _est_layer, demo_note, order_difference, share_ci
 from depthkit.stats import narrate
+from depthkit.stats.narrate import at_output
 
 # Testability of the two-stage claim on one task (the gates depthkit.verdicts applies):
 # above ONE_ANSWER_MAX of the prompts getting one answer, a "settled" layer marks where
@@ -90,7 +91,8 @@ def layer_summary(est: pd.DataFrame, acc: pd.DataFrame, prompts: pd.DataFrame, r
             if np.isfinite(r.collection_layer) and np.isfinite(r.decision_layer):
                 d = order_difference(ranks, r.task, n_boot=n_boot, seed=seed)
                 order = " — " + narrate.difference(d.estimate, d.lo, d.hi, more="later", less="earlier", subject="settled answers",
-                                                   than="collected options")
+                                                   than="collected options", step=getattr(r, "step", None),
+                                                   censored=at_output(r.decision_layer, r.collection_layer, n_blocks))
             verdict = f"**testable**: {layers}{order}."
         else:
             verdict = (f"**not testable on this model**: {CLAIM} cannot be tested on {r.task}, because {t.why}. "

@@ -5,7 +5,9 @@ numbers show.
 * An interval is written "(95 % CI lo–hi)"; where :mod:`depthkit.stats` gave none
   (too few units), the text says it cannot be measured here.
 * A difference is stated as a finding only when its interval excludes zero;
-  otherwise it is "no clear difference".
+  otherwise it is "no clear difference". A difference whose interval has equal ends
+  is written as a share of resamples on its grid, never "CI -2 to -2", and one
+  with a side reached only at the output is a bound ("at least").
 * A layer reached only at the model's output is "the output, not before", never
   "layer L of L"; a zero-width layer interval is "in N % of resamples" on its grid.
 """
@@ -13,7 +15,7 @@ numbers show.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from depthkit.stats.intervals import LEVEL, MIN_N
 from depthkit.stats.layers import LayerCI
@@ -103,6 +105,23 @@ def excludes_zero(lo: float, hi: float) -> bool:
     return _finite(lo, hi) and (lo > 0 or hi < 0)
 
 
+def at_output(subject: float, than: float, n_blocks: int) -> Literal["subject", "than", "both"] | None:
+    """Which side of a difference of two layers (estimates) is reached only at the
+    output row ``n_blocks``: the ``censored`` argument of :func:`difference`."""
+    a, b = _finite(subject) and subject >= n_blocks, _finite(than) and than >= n_blocks
+    return "both" if a and b else "subject" if a else "than" if b else None
+
+
+def _difference_interval(lo: float, hi: float, digits: int, step: float | None) -> str:
+    """``"95 % CI -3 to -1"``; an interval whose ends are equal is no precise value but
+    the same value in at least the interval's share of resamples, on the grid where
+    ``step`` names one: ``"-2 in at least 95 % of resamples, grid: 1 layer"``."""
+    if lo == hi:
+        grid = f", {_grid(step)}" if step else ""
+        return f"{lo:+.{digits}f} in at least {_pct(LEVEL)} of resamples{grid}"
+    return f"{CI_LABEL} {lo:+.{digits}f} to {hi:+.{digits}f}"
+
+
 def difference(
     diff: float,
     lo: float,
@@ -114,23 +133,41 @@ def difference(
     subject: str,
     digits: int = 1,
     unit: str = "layers",
+    step: float | None = None,
+    censored: Literal["subject", "than", "both"] | None = None,
 ) -> str:
     """A sentence about ``subject`` minus ``than`` that states a direction only when
     the interval excludes zero. ``more``/``less``: the words for a positive/negative
     difference ("later"/"earlier"). E.g. ``"content words are 5.4 layers later than
-    function words (95 % CI 4.5–6.3)"`` or ``"no clear difference between content
-    words and function words (-1.2 layers, 95 % CI -3.0–0.6)"``."""
+    function words (95 % CI +4.5 to +6.3)"`` or ``"no clear difference between content
+    words and function words (-1.2 layers, 95 % CI -3.0 to +0.6)"``. ``step``: the grid
+    of the difference's values (1 for whole layers), named where the interval has no width.
+
+    ``censored``: which side is reached only at the model's output ("the output, not
+    before"). Its layer is then a bound, not a value, and so is the difference: with
+    the subject at the output the true gap is at least the measured one, so only a
+    positive difference is a finding (and the text says "at least"); with ``than`` at
+    the output, only a negative one; with both there, no order can be measured."""
+    if censored == "both":
+        return f"the order of {subject} and {than} cannot be measured here: both are reached only at the output"
     if not _finite(diff):
         return f"the difference between {subject} and {than} cannot be measured here"
     if unit.endswith("s") and f"{abs(diff):.{digits}f}" == "1":
         unit = unit[:-1]  # "1 layer", but "1.0 layers"
     if not _finite(lo, hi):
         return f"{subject} differ from {than} by {diff:+.{digits}f} {unit} ({NO_INTERVAL}); no finding is drawn from it"
-    ci = f"{CI_LABEL} {lo:+.{digits}f} to {hi:+.{digits}f}"
-    if not excludes_zero(lo, hi):
-        return f"no clear difference between {subject} and {than} ({diff:+.{digits}f} {unit}, {ci})"
+    ci = _difference_interval(lo, hi, digits, step)
+    bound = ""
+    finding = excludes_zero(lo, hi)
+    if censored is not None:
+        side = subject if censored == "subject" else than
+        bound = f"; {side} only at the output, so the gap is a bound"
+        finding = lo > 0 if censored == "subject" else hi < 0
+    if not finding:
+        return f"no clear difference between {subject} and {than} ({diff:+.{digits}f} {unit}, {ci}{bound})"
     word = more if diff > 0 else less
-    return f"{subject} are {abs(diff):.{digits}f} {unit} {word} than {than} ({ci})"
+    least = "at least " if censored else ""
+    return f"{subject} are {least}{abs(diff):.{digits}f} {unit} {word} than {than} ({ci}{bound})"
 
 
 def model_note(info: ModelInfo, lens_name: str, convention: str, *, paper: str = "one of the paper's 7–8B models") -> str:

@@ -11,14 +11,14 @@ from depthkit.verdicts.records import Stat, Verdict
 
 def _ci(s: Stat | None, pct: bool = False) -> str:
     """A value with its interval; an interval whose ends are equal is not shown as
-    one (every resample gave the same grid value: it says so instead)."""
+    one (at least 95 % of resamples gave the same grid value: it says so instead)."""
     if s is None or not math.isfinite(s.value):
         return "—"
     f = (lambda v: f"{v:.0%}") if pct else (lambda v: f"{v:.2f}")
     if not (math.isfinite(s.lo) and math.isfinite(s.hi)):
         return f(s.value)
     if f(s.lo) == f(s.hi):
-        return f"{f(s.value)} (every resample)"
+        return f"{f(s.value)} (in at least 95 % of resamples)"
     return f"{f(s.value)} [{f(s.lo)}, {f(s.hi)}]"
 
 
