@@ -141,7 +141,7 @@ def _cmd_reference(args: argparse.Namespace) -> int:
     todo = [(r.model, r.chapter, r.variant, r) for r in kept]
     # A variant is defined by the parameters it was first made with, so only plain
     # reference runs are made from nothing here.
-    for model in args.model if args.variant is None else []:
+    for model in (args.model or []) if args.variant is None else []:
         have = {r.chapter.id for r in kept if r.model == model and r.variant is None}
         todo += [(model, c, None, None) for c in chapters if c.id not in have]
     if not todo:

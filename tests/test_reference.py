@@ -133,5 +133,8 @@ def test_the_reference_command_says_what_to_do_when_nothing_is_kept(monkeypatch,
     monkeypatch.setattr(reference, "find", lambda *a, **k: [])
     assert cli.main(["reference", "--variant", "logit"]) == 1
     assert "depthkit run NN --model NAME --reference" in capsys.readouterr().err
+    # with no --model and no --variant: every kept run (none here), not a crash
+    assert cli.main(["reference", "--stale-only"]) == 1
+    assert "depthkit run NN --model NAME --reference" in capsys.readouterr().err
     assert cli.main(["run", "07", "--reference"]) == 1  # chapter 07 is rebuilt by every book, never kept
     assert "rebuilt by every book" in capsys.readouterr().err
