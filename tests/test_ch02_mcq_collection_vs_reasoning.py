@@ -313,3 +313,15 @@ def test_early_exits_are_read_canonically_under_the_authors_convention(tiny_llam
     with pytest.raises(ValueError, match="pass model, prompts and lens"):
         ch.early_exits(authors)
     pd.testing.assert_frame_equal(ch.early_exits(authors, tiny_llama, prompts, "logit"), ch.early_exits(canonical))
+
+
+def test_with_both_layers_at_the_output_no_order_is_bootstrapped(monkeypatch):
+    from depthkit.analyses import mcq
+    from depthkit.chapters import ch02_testability
+
+    # options collected and the answer settled only at the output (4) on a testable task
+    r = ranks_frame(n_items=12, collect_at=4, decide_at=4, balanced=True)
+    est = mcq.layer_estimates(r, n_boot=50, seed=0)
+    monkeypatch.setattr(ch02_testability, "order_difference", lambda *a, **k: pytest.fail("nothing to measure"))
+    text = ch.layer_summary(est, mcq.accuracy(r), _prompts(12, balanced=True), r, 4, n_boot=50, seed=0)
+    assert "cannot be measured here: both are reached only at the output" in text

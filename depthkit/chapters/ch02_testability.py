@@ -89,10 +89,12 @@ def layer_summary(est: pd.DataFrame, acc: pd.DataFrame, prompts: pd.DataFrame, r
         if t.testable:
             order = ""
             if np.isfinite(r.collection_layer) and np.isfinite(r.decision_layer):
-                d = order_difference(ranks, r.task, n_boot=n_boot, seed=seed)
-                order = " — " + narrate.difference(d.estimate, d.lo, d.hi, more="later", less="earlier", subject="settled answers",
-                                                   than="collected options", step=getattr(r, "step", None),
-                                                   censored=at_output(r.decision_layer, r.collection_layer, n_blocks))
+                censored = at_output(r.decision_layer, r.collection_layer, n_blocks)
+                # Both at the output: no order to measure, so no bootstrap to run.
+                d = order_difference(ranks, r.task, n_boot=n_boot, seed=seed) if censored != "both" else None
+                order = " — " + narrate.difference(d.estimate if d else np.nan, d.lo if d else np.nan, d.hi if d else np.nan,
+                                                   more="later", less="earlier", subject="settled answers",
+                                                   than="collected options", step=getattr(r, "step", None), censored=censored)
             verdict = f"**testable**: {layers}{order}."
         else:
             verdict = (f"**not testable on this model**: {CLAIM} cannot be tested on {r.task}, because {t.why}. "

@@ -173,10 +173,10 @@ class Readout:
         for s in range(0, flat.shape[0], chunk):
             part = flat[s : s + chunk]
             c = torch.abs(part, out=scratch[: part.shape[0]]).cumsum_(-1)
-            mass = c[:, -1:]
+            width = c[:, -1:] / samples  # the mass between two draws, and each draw's weight
             offset = torch.rand(part.shape[0], 1, generator=gen).to(dev)  # the generator is the CPU's
-            idx = torch.searchsorted(c, (steps[None] + offset) * (mass / samples)).clamp_(max=v - 1)
-            coef = torch.gather(part, 1, idx).sign_().mul_(mass / samples)
+            idx = torch.searchsorted(c, (steps[None] + offset) * width).clamp_(max=v - 1)
+            coef = torch.gather(part, 1, idx).sign_().mul_(width)
             # A large entry is drawn several times; CSR wants each column once per row
             # (sorted, as searchsorted gives them), so repeated draws merge into one
             # entry carrying their sum.

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 CI_LABEL = f"{LEVEL:.0%} CI".replace("%", " %")
 NO_INTERVAL = f"interval cannot be measured here: fewer than {MIN_N} units"
+# What an interval with equal ends says instead of "CI 3 to 3": the estimate held in
+# at least the interval's share of resamples.
+EQUAL_ENDS = f"in at least {LEVEL:.0%} of resamples".replace("%", " %")
 
 
 def _finite(*xs: float | None) -> bool:
@@ -88,7 +91,7 @@ def layer(
         note = "; ".join(x for x in (resamples, reach) if x)
         return "the output, not before" + (f" ({note})" if note else "")
     if _finite(lo, hi) and lo == hi:
-        seen = f"in {_pct(mode_share)} of resamples" if _finite(mode_share) else "in at least 95 % of resamples"
+        seen = f"in {_pct(mode_share)} of resamples" if _finite(mode_share) else EQUAL_ENDS
         return f"layer {round(value)}{of} {seen} ({_grid(step)})"
     digits = 1 if _finite(lo, hi) and round(lo) == round(hi) else 0
     shown = f"{value:.{digits}f}" if digits else f"{round(value)}"
@@ -118,7 +121,7 @@ def _difference_interval(lo: float, hi: float, digits: int, step: float | None) 
     ``step`` names one: ``"-2 in at least 95 % of resamples, grid: 1 layer"``."""
     if lo == hi:
         grid = f", {_grid(step)}" if step else ""
-        return f"{lo:+.{digits}f} in at least {_pct(LEVEL)} of resamples{grid}"
+        return f"{lo:+.{digits}f} {EQUAL_ENDS}{grid}"
     return f"{CI_LABEL} {lo:+.{digits}f} to {hi:+.{digits}f}"
 
 

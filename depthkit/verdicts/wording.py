@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from depthkit.stats.narrate import EQUAL_ENDS
 from depthkit.verdicts.records import Stat, Verdict
 
 
@@ -18,7 +19,7 @@ def _ci(s: Stat | None, pct: bool = False) -> str:
     if not (math.isfinite(s.lo) and math.isfinite(s.hi)):
         return f(s.value)
     if f(s.lo) == f(s.hi):
-        return f"{f(s.value)} (in at least 95 % of resamples)"
+        return f"{f(s.value)} ({EQUAL_ENDS})"
     return f"{f(s.value)} [{f(s.lo)}, {f(s.hi)}]"
 
 
