@@ -183,6 +183,18 @@ def test_answer_chosen_later(rows, expected) -> None:
     assert verdict("answer chosen later", *rows).outcome == expected
 
 
+def test_an_order_against_the_output_row_is_a_bound_or_not_measured() -> None:
+    # Both only at the output: no order exists, whatever the (degenerate) difference says.
+    both = verdict("answer chosen later", *task("mmlu", collected=(1.0, 1.0, 1.0), settled=(1.0, 1.0, 1.0), order=(0.0, 0.0, 0.0)))
+    assert both.outcome == "not testable" and "no order can be measured" in both.reason
+    # Settled only at the output: the measured gap is a lower bound, still a finding.
+    late = verdict("answer chosen later", *task("mmlu", settled=(1.0, 0.9, 1.0), order=(0.6, 0.5, 0.7)))
+    assert late.outcome == "reproduced" and "settled minus collected at least 0.60" in late.reason
+    # Collected only at the output: any gap is an upper bound, so "later" cannot be shown.
+    early = verdict("answer chosen later", *task("mmlu", collected=(1.0, 1.0, 1.0), settled=(0.5, 0.4, 0.6), order=(0.2, 0.1, 0.3)))
+    assert early.outcome == "not reproduced" and "collected only at the output" in early.reason
+
+
 def patch(direction: str, gap=(0.2, 0.1, 0.3), n=50):
     return [("02", f"{vd.Q_PATCH_GAP} ({direction})", *gap, n)]
 

@@ -5,12 +5,14 @@ references, and the per-task quantities derived from the chapter's saved run."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
 
 from depthkit.core.results import Run
+from depthkit.stats import narrate
 from depthkit.verdicts.quantities import (
     Q_ACCURACY,
     Q_AGREE,
@@ -45,15 +47,23 @@ def _collected_first(ev: Evidence, ref: Reference) -> list[Check]:
 def _settled_later(ev: Evidence, ref: Reference) -> list[Check]:
     def check(task: str) -> Check:
         settled = ev.get("02", f"MCQ answer settled ({task})")
+        collected = ev.get("02", f"MCQ options collected ({task})")
+        # Layers here are ℓ/L, so the output row is 1. A side reached only there is
+        # censored: the true difference is a bound, and with both there no order exists.
+        censored = narrate.at_output(*(s.value if s else math.nan for s in (settled, collected)), n_blocks=1)
+        both = "options collected and answer settled only at the output: no order can be measured" if censored == "both" else None
 
         def score(s: Stat) -> tuple[int, str]:
-            text = f"{task}: settled minus collected {_ci(s)}, settled at {_layer_at(settled)}"
+            least = "at least " if censored == "subject" else ""
+            text = f"{task}: settled minus collected {least}{_ci(s)}, settled at {_layer_at(settled)}"
+            if censored == "than":
+                return 0, text + ": options collected only at the output, so no later answer can be shown"
             if not s.lo > 0:
                 return 0, text + ": not clearly later"
             second = settled is not None and _has_interval(settled) and settled.lo >= ref.value
             return (2, text) if second else (1, text + ", later but not clearly in the second half")
 
-        return _check(task, ev.get("02", f"{Q_ORDER} ({task})"), [_task_gate(ev, task)], score)
+        return _check(task, ev.get("02", f"{Q_ORDER} ({task})"), [_task_gate(ev, task), both], score)
 
     return [check(t) for t in _tasks(ev)]
 
