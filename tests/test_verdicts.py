@@ -187,6 +187,7 @@ def test_an_order_against_the_output_row_is_a_bound_or_not_measured() -> None:
     # Both only at the output: no order exists, whatever the (degenerate) difference says.
     both = verdict("answer chosen later", *task("mmlu", collected=(1.0, 1.0, 1.0), settled=(1.0, 1.0, 1.0), order=(0.0, 0.0, 0.0)))
     assert both.outcome == "not testable" and "no order can be measured" in both.reason
+    assert both.checks[0].stat is None  # no difference of two censored layers is shown as a value
     # Settled only at the output: the measured gap is a lower bound, still a finding.
     late = verdict("answer chosen later", *task("mmlu", settled=(1.0, 0.9, 1.0), order=(0.6, 0.5, 0.7)))
     assert late.outcome == "reproduced" and "settled minus collected at least 0.60" in late.reason

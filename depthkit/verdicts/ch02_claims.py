@@ -63,7 +63,9 @@ def _settled_later(ev: Evidence, ref: Reference) -> list[Check]:
             second = settled is not None and _has_interval(settled) and settled.lo >= ref.value
             return (2, text) if second else (1, text + ", later but not clearly in the second half")
 
-        return _check(task, ev.get("02", f"{Q_ORDER} ({task})"), [_task_gate(ev, task), both], score)
+        # With both sides at the output the difference is no measurement: no value is shown.
+        order = None if both else ev.get("02", f"{Q_ORDER} ({task})")
+        return _check(task, order, [_task_gate(ev, task), both], score)
 
     return [check(t) for t in _tasks(ev)]
 
