@@ -325,3 +325,6 @@ def test_with_both_layers_at_the_output_no_order_is_bootstrapped(monkeypatch):
     monkeypatch.setattr(ch02_testability, "order_difference", lambda *a, **k: pytest.fail("nothing to measure"))
     text = ch.layer_summary(est, mcq.accuracy(r), _prompts(12, balanced=True), r, 4, n_boot=50, seed=0)
     assert "cannot be measured here: both are reached only at the output" in text
+    # ... and the task is not counted as testing the claim, whose count chapter 07's verdict agrees with
+    assert "testable on 0 of 1 tasks" in text and "**passes the conditions, but no order can be measured**" in text
+    assert "mmlu passes the conditions, but there both the options and the answer are reached only at the output" in text

@@ -132,7 +132,7 @@ def test_skip_text_describes_without_claiming_a_difference():
     output = pd.DataFrame([{"skipped": s, "kl": float(s), "top1_agreement": 1 - 0.05 * s} for s in range(N_BLOCKS)])
     text = ch.skip_text(later, output, split=5, n_passages=1, seconds=1.0)
     assert "block 9 (writes layer 10; KL 9.00 nats" in text
-    assert "Removing any one of 7 of 10 blocks" in text
+    assert "7 of 10 blocks, each removed on its own, change the top-1 token" in text
     # ℓ* = 5 is a residual layer: blocks 0-3 write layers 1-4 before it, blocks 4-9 write 5-10
     assert "write layers before ℓ\\* (4 blocks): 1.50 nats; for those that\n  write ℓ\\* and later (6 blocks): 6.50 nats" in text
     assert "h_L: 0.15 before ℓ\\*, 0.65 from ℓ\\* on" in text

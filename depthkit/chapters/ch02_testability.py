@@ -5,6 +5,7 @@ dominant answer, a lens that agrees with the model), and the prose per task."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -72,13 +73,23 @@ def testability(est: pd.DataFrame, acc: pd.DataFrame, prompts: pd.DataFrame, *, 
     return pd.DataFrame(rows)
 
 
+def censored_both(r: Any, n_blocks: int) -> bool:
+    """Whether a task's collection and decision layers are both reached only at the
+    output row, where no order between them exists."""
+    return at_output(r.decision_layer, r.collection_layer, n_blocks) == "both"
+
+
+def _names(tasks: list[str]) -> str:
+    return ", ".join(tasks[:-1]) + (" and " if len(tasks) > 1 else "") + tasks[-1]
+
+
 def layer_summary(est: pd.DataFrame, acc: pd.DataFrame, prompts: pd.DataFrame, ranks: pd.DataFrame, n_blocks: int, *,
                   exits: pd.DataFrame | None = None, n_boot: int, seed: int) -> str:
     """Per task: whether the run can test :data:`CLAIM` (:func:`testability`), saying
     plainly why not where it cannot; where the options are collected and where the
     answer settles; and the order of the two, stated only on a testable task."""
     tb = testability(est, acc, prompts, exits=exits, n_blocks=n_blocks, n_boot=n_boot, seed=seed).set_index("task")
-    lines = []
+    lines, unordered = [], []
     for r in est.itertuples():
         a, t = acc.set_index("task").loc[r.task], tb.loc[r.task]
         half = ("first half; " if r.collection_layer <= n_blocks / 2 else "second half; ") if np.isfinite(r.collection_layer) else ""
@@ -95,7 +106,11 @@ def layer_summary(est: pd.DataFrame, acc: pd.DataFrame, prompts: pd.DataFrame, r
                 order = " — " + narrate.difference(d.estimate if d else np.nan, d.lo if d else np.nan, d.hi if d else np.nan,
                                                    more="later", less="earlier", subject="settled answers",
                                                    than="collected options", step=getattr(r, "step", None), censored=censored)
-            verdict = f"**testable**: {layers}{order}."
+            if censored_both(r, n_blocks):
+                unordered.append(r.task)
+                verdict = f"**passes the conditions, but no order can be measured**: {layers}{order}."
+            else:
+                verdict = f"**testable**: {layers}{order}."
         else:
             verdict = (f"**not testable on this model**: {CLAIM} cannot be tested on {r.task}, because {t.why}. "
                        f"Measured all the same, without a reading as stages: {layers}.")
@@ -104,9 +119,12 @@ def layer_summary(est: pd.DataFrame, acc: pd.DataFrame, prompts: pd.DataFrame, r
             f"majority baseline {t.majority_baseline:.0%}, most frequent answer given to {t.one_answer_share:.1%}, "
             f"top-1 is an option for {a.top1_option:.0%}): {verdict}"
         )
-    ok = list(tb.index[tb["testable"].astype(bool)])
+    ok = [t for t in tb.index[tb["testable"].astype(bool)] if t not in unordered]
     count = (f"{CLAIM[0].upper()}{CLAIM[1:]} is testable on {len(ok)} of {len(tb)} tasks"
              + (f" ({', '.join(ok)})." if ok else ": on this model no task tests it, and no layer below is a finding about it."))
+    if unordered:
+        count += (f" {_names(unordered)} {'passes' if len(unordered) == 1 else 'pass'} the conditions, but there both the options "
+                  "and the answer are reached only at the output, so no order between them can be measured.")
     return (
         f"Collection layer: the first layer where the share of prompts with every option in the top-|O| reaches "
         f"{COLLECT_LEVEL:.0%} of its peak. Decision layer: the first layer from which at least {DECIDE_LEVEL:.0%} of prompts "

@@ -280,7 +280,7 @@ def skip_text(
     )
     return f'''
 * The blocks whose removal changes the output most are {worst_list}.
-* Removing any one of {changes_top1} of {n_blocks} blocks changes the top-1 token at more than 10 % of positions.
+* {changes_top1} of {n_blocks} blocks, each removed on its own, change the top-1 token at more than 10 % of positions.
 * Mean output KL for the blocks that write layers before ℓ\\* ({len(before)} blocks): {before['kl'].mean():.2f} nats; for those that
   write ℓ\\* and later ({len(after)} blocks): {after['kl'].mean():.2f} nats.
   Mean relative change of the final residual h_L: {at_l[l_writes < split].mean():.2f} before ℓ\\*, {at_l[l_writes >= split].mean():.2f} from ℓ\\* on.
