@@ -30,7 +30,21 @@ def test_a_difference_is_a_finding_only_when_its_interval_excludes_zero():
     assert unclear.startswith("no clear difference") and "later" not in unclear and "earlier" not in unclear
     assert "no finding" in narrate.difference(-1.2, math.nan, math.nan, **LATER)
     assert "cannot be measured" in narrate.difference(math.nan, math.nan, math.nan, **LATER)
-    assert not narrate.excludes_zero(0.0, 1.0) and narrate.excludes_zero(0.1, 1.0)
+    assert not narrate.excludes_zero(0.0, 1.0, digits=1) and narrate.excludes_zero(0.1, 1.0, digits=1)
+
+
+def test_an_end_that_prints_as_zero_carries_no_finding():
+    # judged as printed: "-0.77 to -0.00" does not exclude zero, "-0.770 to -0.003" does
+    assert not narrate.excludes_zero(-0.77, -0.0034, digits=2) and narrate.excludes_zero(-0.77, -0.0034, digits=3)
+    assert not narrate.excludes_zero(0.004, 0.5, digits=2) and narrate.excludes_zero(0.006, 0.5, digits=2)
+    text = narrate.difference(-0.4, -0.77, -0.0034, **LATER, digits=2)
+    assert text == "no clear difference between content words and function words (-0.40 layers, 95 % CI -0.77 to -0.00)"
+    assert narrate.difference(-0.4, -0.77, -0.006, **LATER, digits=2).startswith("content words are 0.40 layers earlier")
+    # a bound (one side only at the output) is judged the same way
+    assert narrate.difference(0.3, 0.004, 0.6, **LATER, digits=2, censored="subject").startswith("no clear difference")
+    assert "at least 0.30" in narrate.difference(0.3, 0.006, 0.6, **LATER, digits=2, censored="subject")
+    assert narrate.above(0.404, 0.40, digits=2) is False and narrate.above(0.406, 0.40, digits=2)
+    assert not narrate.above(math.nan, 0.0, digits=2) and narrate.shown(-0.0034, 2) == 0.0
 
 
 def test_one_whole_unit_is_singular():

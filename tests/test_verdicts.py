@@ -168,6 +168,9 @@ def test_untestable_tasks_are_named_with_why() -> None:
 def test_accuracy_must_clear_the_baseline_by_its_interval() -> None:
     v = verdict("options collected first", *task("mmlu", acc=(0.3, 0.24, 0.36), baseline=0.26))
     assert v.outcome == "not testable" and "majority baseline of 26%" in v.reason
+    # judged as printed: a lower end of 26.04 % shows as 26 %, the baseline's own value
+    assert verdict("options collected first", *task("mmlu", acc=(0.3, 0.2604, 0.36), baseline=0.26)).outcome == "not testable"
+    assert verdict("options collected first", *task("mmlu", acc=(0.3, 0.2651, 0.36), baseline=0.26)).outcome == "reproduced"
 
 
 @pytest.mark.parametrize(
@@ -239,7 +242,9 @@ def ch06(gap=(0.1, 0.05, 0.15, 24), function=500, content=300, agree=0.8):
 @pytest.mark.parametrize(
     ("rows", "expected"),
     [(ch06(), "reproduced"), (ch06(gap=(0.02, -0.02, 0.05, 24)), "not reproduced"),
-     (ch06(content=3), "not testable"), (ch06(agree=0.3), "not testable")],
+     (ch06(content=3), "not testable"), (ch06(agree=0.3), "not testable"),
+     # "0.05 [0.00, 0.10]": an end that prints as zero is no finding
+     (ch06(gap=(0.05, 0.004, 0.1, 24)), "not reproduced"), (ch06(gap=(0.05, 0.006, 0.1, 24)), "reproduced")],
 )
 def test_content_words_deeper_in_running_text(rows, expected) -> None:
     assert verdict("content words deeper in running text", *rows).outcome == expected

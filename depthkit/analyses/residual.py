@@ -36,13 +36,16 @@ from tqdm.auto import tqdm
 from depthkit.engine.capture import Item, block_maps, length_batches, residual_runs
 from depthkit.lens.base import LogitLens
 from depthkit.lens.trajectories import Trajectories, encode
-from depthkit.stats import MIN_N, LayerEstimate, curve_estimate, two_segment_fit
+from depthkit.stats import MIN_N, LayerEstimate, curve_estimate, narrate, two_segment_fit
 
 if TYPE_CHECKING:
     from depthkit.engine.handle import Model
 
 # ---------------------------------------------------------------------------
 # Running text as items
+
+# Decimals of the slope change in chapter 05's sentence, which judges it at them.
+SLOPE_DIGITS = 3
 
 
 def sample_passages(passages: Sequence[str], n: int, *, seed: int = 0, min_chars: int = 400) -> list[str]:
@@ -349,9 +352,8 @@ class PhaseTest:
     @property
     def two_segments(self) -> bool:
         """A phase change is supported: an interior split and a slope change whose
-        interval excludes zero."""
-        lo, hi = self.slope_change.lo, self.slope_change.hi
-        return not self.at_edge and np.isfinite(lo) and np.isfinite(hi) and (lo > 0 or hi < 0)
+        interval excludes zero, as chapter 05 prints it."""
+        return not self.at_edge and narrate.excludes_zero(self.slope_change.lo, self.slope_change.hi, digits=SLOPE_DIGITS)
 
     def as_frame(self) -> pd.DataFrame:
         return pd.DataFrame(

@@ -172,11 +172,12 @@ def with_final_frequent(steps: pd.DataFrame, frequent_ids: Sequence[int]) -> pd.
 
 
 def _clearly_more(row: pd.Series) -> bool:
-    return narrate.excludes_zero(row["diff lo"], row["diff hi"]) and row["early − output"] > 0
+    # judged in percentage points at one decimal, as _diff_words prints it
+    return narrate.excludes_zero(row["diff lo"] * 100, row["diff hi"] * 100, digits=1) and row["early − output"] > 0
 
 
 def _clearly_dropped(row: pd.Series) -> bool:
-    return narrate.excludes_zero(row["drop lo"], row["drop hi"]) and row["drop"] > 0
+    return narrate.excludes_zero(row["drop lo"] * 100, row["drop hi"] * 100, digits=1) and row["drop"] > 0
 
 
 def _diff_words(row: pd.Series) -> str:

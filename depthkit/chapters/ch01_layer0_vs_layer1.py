@@ -80,7 +80,7 @@ def layer0_sentence(comp: pd.DataFrame) -> str:
     verdict = ""
     if L0_QUANTITIES["top10"] in c.index:
         top = c.loc[L0_QUANTITIES["top10"]]
-        if not narrate.excludes_zero(top["diff_lo"], top["diff_hi"]):
+        if not narrate.excludes_zero(top["diff_lo"], top["diff_hi"], digits=1):
             verdict = ("Layer 1 does not differ clearly from layer 0 in its Top-10 share: as far as this run can tell, the "
                        "frequent-token guess at layer 1 is what the embeddings alone already give through the lens.")
         else:

@@ -52,7 +52,7 @@ def _control_accuracy(a: pd.Series, *, n_boot: int, seed: int) -> tuple[str, boo
     interval clears that baseline."""
     ci = share_ci(float(a["accuracy"]), int(a["n"]), n_boot=n_boot, seed=seed)
     base = float(a.get("majority_baseline", np.nan))
-    above = bool(np.isfinite(ci.lo) and np.isfinite(base) and ci.lo > base)
+    above = narrate.above(ci.lo * 100, base * 100, digits=0)  # as printed, in whole per cent
     words = narrate.share(*ci[:3], digits=0) + (f" against a majority baseline of {base:.0%}" if np.isfinite(base) else "")
     return words, above
 

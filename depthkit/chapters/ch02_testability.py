@@ -5,7 +5,6 @@ dominant answer, a lens that agrees with the model), and the prose per task."""
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -56,7 +55,7 @@ def testability(est: pd.DataFrame, acc: pd.DataFrame, prompts: pd.DataFrame, *, 
         why = []
         if units < stats.MIN_N:
             why.append(f"only {units} {unit} kept, fewer than {stats.MIN_N}, so nothing here has an interval")
-        elif not (np.isfinite(ci.lo) and ci.lo > base):
+        elif not narrate.above(ci.lo * 100, base * 100, digits=0):  # as printed, in whole per cent
             why.append(f"accuracy {narrate.share(*ci[:3], digits=0)} does not clear the majority baseline of {base:.0%} "
                        "(always giving the most frequent gold answer)")
         if a.majority_share > ONE_ANSWER_MAX:
@@ -71,12 +70,6 @@ def testability(est: pd.DataFrame, acc: pd.DataFrame, prompts: pd.DataFrame, *, 
                      "majority_baseline": base, "one_answer_share": float(a.majority_share), "lens_agreement_L-1": agree,
                      "testable": not why, "why": "; ".join(why)})
     return pd.DataFrame(rows)
-
-
-def censored_both(r: Any, n_blocks: int) -> bool:
-    """Whether a task's collection and decision layers are both reached only at the
-    output row, where no order between them exists."""
-    return at_output(r.decision_layer, r.collection_layer, n_blocks) == "both"
 
 
 def _names(tasks: list[str]) -> str:
@@ -99,14 +92,15 @@ def layer_summary(est: pd.DataFrame, acc: pd.DataFrame, prompts: pd.DataFrame, r
                   f"at layer {r.peak_layer}); answer settled at {_est_layer(r, 'decision', n_blocks)}")
         if t.testable:
             order = ""
+            # which of the two layers is reached only at the output row (a bound, not a value)
+            censored = at_output(r.decision_layer, r.collection_layer, n_blocks)
             if np.isfinite(r.collection_layer) and np.isfinite(r.decision_layer):
-                censored = at_output(r.decision_layer, r.collection_layer, n_blocks)
                 # Both at the output: no order to measure, so no bootstrap to run.
                 d = order_difference(ranks, r.task, n_boot=n_boot, seed=seed) if censored != "both" else None
                 order = " — " + narrate.difference(d.estimate if d else np.nan, d.lo if d else np.nan, d.hi if d else np.nan,
                                                    more="later", less="earlier", subject="settled answers",
                                                    than="collected options", step=getattr(r, "step", None), censored=censored)
-            if censored_both(r, n_blocks):
+            if censored == "both":
                 unordered.append(r.task)
                 verdict = f"**passes the conditions, but no order can be measured**: {layers}{order}."
             else:

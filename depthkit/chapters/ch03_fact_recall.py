@@ -171,14 +171,15 @@ def _decline_against_paper(lo: float, hi: float, paper: float) -> str:
     the size (interval against the paper's value)."""
     if not (np.isfinite(lo) and np.isfinite(hi)):
         return "no interval, so no comparison is drawn"
-    if hi < 0:
+    # judged at the two decimals the comparison table prints
+    if narrate.above(0.0, hi, digits=2):
         return "not reproduced: the later token settles later than token 1, not earlier"
-    if lo <= 0:
-        size = "and the interval lies below the paper's decline" if hi < paper else "though the interval also includes the paper's"
+    if not narrate.above(lo, 0.0, digits=2):
+        size = "and the interval lies below the paper's decline" if narrate.above(paper, hi, digits=2) else "though the interval also includes the paper's"
         return f"not reproduced: no clear decline, {size}"
-    if hi < paper:
+    if narrate.above(paper, hi, digits=2):
         return "reproduced in direction only: later tokens settle clearly earlier than token 1, but by less than in the paper"
-    if lo > paper:
+    if narrate.above(lo, paper, digits=2):
         return "reproduced, and larger than the paper's decline (its interval entirely above it)"
     return "reproduced: a clear decline whose interval includes the paper's"
 

@@ -229,7 +229,7 @@ def gaps_text(r1: Mapping[str, Any], n_blocks: int) -> str:
             text += " How the two gaps differ cannot be measured here."
         elif not np.isfinite(change.lo):
             text += f" The saturation gap differs from the first-reach gap by {change.estimate:+.1f} layers ({narrate.NO_INTERVAL}); no finding is drawn from it."
-        elif narrate.excludes_zero(change.lo, change.hi):
+        elif narrate.excludes_zero(change.lo, change.hi, digits=1):
             word = "smaller" if change.estimate < 0 else "larger"
             text += (f" The content − function gap is {abs(change.estimate):.1f} layers {word} on saturation than on first reach "
                      f"({narrate.CI_LABEL} {change.lo:+.1f} to {change.hi:+.1f}, the same passages drawn for both).")
@@ -315,7 +315,7 @@ def frequency_verdict(matched: pd.DataFrame, adjusted: pd.DataFrame) -> str:
         if np.isfinite(adj["estimate"])
         else "too few examples of one class for the frequency-adjusted fit"
     )
-    signs = [np.sign(x) if narrate.excludes_zero(lo, hi) else 0 for x, lo, hi in
+    signs = [np.sign(x) if narrate.excludes_zero(lo, hi, digits=1) else 0 for x, lo, hi in
              ((pooled["diff"], pooled["lo"], pooled["hi"]), (adj["estimate"], adj["lo"], adj["hi"]))]
     if len(bins) and signs[0] != 0 and signs[0] == signs[1]:
         word = "later" if signs[0] > 0 else "earlier"

@@ -171,7 +171,7 @@ def phase_test(updates: pd.DataFrame, phase_curve: str, *, n_boot: int, seed: in
 
 def phase_sentence(test: residual.PhaseTest, n_blocks: int) -> str:
     """Whether the run shows a phase change at all, and why not when it does not."""
-    change = narrate.estimate(test.slope_change.estimate, test.slope_change.lo, test.slope_change.hi, digits=3)
+    change = narrate.estimate(test.slope_change.estimate, test.slope_change.lo, test.slope_change.hi, digits=residual.SLOPE_DIGITS)
     if test.two_segments:
         near = min(test.split.estimate - test.first_knot, test.last_knot - test.split.estimate) <= 1
         edge = (
@@ -187,7 +187,7 @@ def phase_sentence(test: residual.PhaseTest, n_blocks: int) -> str:
                 f"(layers {test.first_knot:.0f}–{test.last_knot:.0f} of {n_blocks}), so two segments are one line with a bent end "
                 f"(slope change {change}). ℓ\\* is only where the fit puts its knot, not a transition.")
     return (f"**No clear phase change:** the slope change at ℓ\\*, {change} per layer, has an interval that "
-            "includes zero (or too few passages for one), so one line describes the curve as well as two segments.")
+            "does not exclude zero as printed (or too few passages for one), so one line describes the curve as well as two segments.")
 
 
 def split_sensitivity(updates: pd.DataFrame, *, n_boot: int, seed: int) -> pd.DataFrame:

@@ -121,7 +121,7 @@ def gaps_text(class_summary: pd.DataFrame, gaps: dict[str, stats.CI]) -> str:
     if change is not None and np.isfinite(change.estimate):
         if not np.isfinite(change.lo):
             text += f" The saturation gap differs from the first-reach gap by {change.estimate:+.2f} L ({narrate.NO_INTERVAL}); no finding is drawn from it."
-        elif narrate.excludes_zero(change.lo, change.hi):
+        elif narrate.excludes_zero(change.lo, change.hi, digits=2):
             text += (f" The content − function gap is {abs(change.estimate):.2f} L {'smaller' if change.estimate < 0 else 'larger'} on saturation than on "
                      f"first reach ({narrate.CI_LABEL} {change.lo:+.2f} to {change.hi:+.2f}, the same passages drawn for both).")
         else:

@@ -4,8 +4,9 @@ numbers show.
 
 * An interval is written "(95 % CI lo–hi)"; where :mod:`depthkit.stats` gave none
   (too few units), the text says it cannot be measured here.
-* A difference is stated as a finding only when its interval excludes zero;
-  otherwise it is "no clear difference". A difference whose interval has equal ends
+* A difference is stated as a finding only when its interval excludes zero as
+  printed: an end that prints as zero ("-0.00") carries no finding, since a reader
+  cannot check the claim against it. Otherwise it is "no clear difference". A difference whose interval has equal ends
   is written as a share of resamples on its grid, never "CI -2 to -2", and one
   with a side reached only at the output is a bound ("at least").
 * A layer reached only at the model's output is "the output, not before", never
@@ -40,10 +41,10 @@ def estimate(value: float, lo: float = math.nan, hi: float = math.nan, *, digits
     if not _finite(value):
         return "—"
     u = f" {unit.strip()}" if unit.strip() else ""
-    shown = f"{value:.{digits}f}{u}"
+    point = f"{value:.{digits}f}{u}"
     if not _finite(lo, hi):
-        return f"{shown} ({NO_INTERVAL})"
-    return f"{shown} ({CI_LABEL} {lo:.{digits}f}–{hi:.{digits}f}{u})"
+        return f"{point} ({NO_INTERVAL})"
+    return f"{point} ({CI_LABEL} {lo:.{digits}f}–{hi:.{digits}f}{u})"
 
 
 def share(value: float, lo: float = math.nan, hi: float = math.nan, *, digits: int = 1) -> str:
@@ -94,18 +95,32 @@ def layer(
         seen = f"in {_pct(mode_share)} of resamples" if _finite(mode_share) else EQUAL_ENDS
         return f"layer {round(value)}{of} {seen} ({_grid(step)})"
     digits = 1 if _finite(lo, hi) and round(lo) == round(hi) else 0
-    shown = f"{value:.{digits}f}" if digits else f"{round(value)}"
+    point = f"{value:.{digits}f}" if digits else f"{round(value)}"
     if not _finite(lo, hi):
-        return f"layer {shown}{of} ({NO_INTERVAL})"
+        return f"layer {point}{of} ({NO_INTERVAL})"
     top = "the output" if n_blocks and round(hi) >= n_blocks else f"{hi:.{digits}f}" if digits else f"{round(hi)}"
     low = f"{lo:.{digits}f}" if digits else f"{round(lo)}"
     sep = " to " if top == "the output" else "–"
-    return f"layer {shown}{of} ({CI_LABEL} {low}{sep}{top})"
+    return f"layer {point}{of} ({CI_LABEL} {low}{sep}{top})"
 
 
-def excludes_zero(lo: float, hi: float) -> bool:
-    """True when an interval exists and lies entirely on one side of zero."""
-    return _finite(lo, hi) and (lo > 0 or hi < 0)
+def shown(x: float, digits: int) -> float:
+    """``x`` as a reader sees it printed with ``digits`` decimals (-0.0034 at 2 is 0):
+    the value a sentence's claim must hold for."""
+    return float(f"{x:.{digits}f}") + 0.0  # + 0.0 turns -0.0 into 0.0
+
+
+def above(x: float, bound: float, *, digits: int) -> bool:
+    """``x`` exceeds ``bound`` as both are printed with ``digits`` decimals."""
+    return _finite(x, bound) and shown(x, digits) > shown(bound, digits)
+
+
+def excludes_zero(lo: float, hi: float, *, digits: int) -> bool:
+    """True when an interval exists and, printed with ``digits`` decimals, lies
+    entirely on one side of zero. Judged as printed so that no sentence says
+    "(95 % CI -0.77 to -0.00) excludes zero": such an end sits on the line, and a
+    retrained lens can move it across."""
+    return above(lo, 0.0, digits=digits) or above(0.0, hi, digits=digits)
 
 
 def at_output(subject: float, than: float, n_blocks: int) -> Literal["subject", "than", "both"] | None:
@@ -140,7 +155,7 @@ def difference(
     censored: Literal["subject", "than", "both"] | None = None,
 ) -> str:
     """A sentence about ``subject`` minus ``than`` that states a direction only when
-    the interval excludes zero. ``more``/``less``: the words for a positive/negative
+    the interval excludes zero as printed (``digits`` decimals). ``more``/``less``: the words for a positive/negative
     difference ("later"/"earlier"). E.g. ``"content words are 5.4 layers later than
     function words (95 % CI +4.5 to +6.3)"`` or ``"no clear difference between content
     words and function words (-1.2 layers, 95 % CI -3.0 to +0.6)"``. ``step``: the grid
@@ -161,11 +176,11 @@ def difference(
         return f"{subject} differ from {than} by {diff:+.{digits}f} {unit} ({NO_INTERVAL}); no finding is drawn from it"
     ci = _difference_interval(lo, hi, digits, step)
     bound = ""
-    finding = excludes_zero(lo, hi)
+    finding = excludes_zero(lo, hi, digits=digits)
     if censored is not None:
         side = subject if censored == "subject" else than
         bound = f"; {side} only at the output, so the gap is a bound"
-        finding = lo > 0 if censored == "subject" else hi < 0
+        finding = above(lo, 0.0, digits=digits) if censored == "subject" else above(0.0, hi, digits=digits)
     if not finding:
         return f"no clear difference between {subject} and {than} ({diff:+.{digits}f} {unit}, {ci}{bound})"
     word = more if diff > 0 else less

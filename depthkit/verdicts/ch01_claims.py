@@ -13,7 +13,7 @@ from depthkit.core.results import Run
 from depthkit.verdicts.quantities import Q_AGREE, _paper, _share
 from depthkit.verdicts.records import Check, Evidence, Reference, Stat
 from depthkit.verdicts.testability import _check, _lens_gate
-from depthkit.verdicts.wording import _ci, _has_interval
+from depthkit.verdicts.wording import _above, _ci, _has_interval
 
 
 def _frequent_early(ev: Evidence, ref: Reference) -> list[Check]:
@@ -21,9 +21,9 @@ def _frequent_early(ev: Evidence, ref: Reference) -> list[Check]:
 
     def score(s: Stat) -> tuple[int, str]:
         where = f"layer-1 Top-10 share {_ci(s, True)}"
-        if s.lo > ref.value:
+        if _above(s.lo, ref.value):
             return 2, f"{where} lies above the paper's {ref.value:.0%}"
-        if final is not None and _has_interval(final) and s.lo > final.hi:
+        if final is not None and _has_interval(final) and _above(s.lo, final.hi):
             return 1, f"{where} lies above the output's {_ci(final, True)} but not above the paper's {ref.value:.0%}"
         return 0, f"{where} is not clearly above the output's {_ci(final, True)}"
 
@@ -33,9 +33,9 @@ def _frequent_early(ev: Evidence, ref: Reference) -> list[Check]:
 def _overturned(ev: Evidence, ref: Reference) -> list[Check]:
     def score(s: Stat) -> tuple[int, str]:
         where = f"{_ci(s, True)} of layer-1 Top-10 guesses are overturned"
-        if s.lo > ref.value:
+        if _above(s.lo, ref.value):
             return 2, f"{where}, above the paper's {ref.value:.0%}"
-        if s.lo > 0.5:
+        if _above(s.lo, 0.5):
             return 1, f"{where}: most, but not clearly above the paper's {ref.value:.0%}"
         return 0, f"{where}: not clearly most of them"
 

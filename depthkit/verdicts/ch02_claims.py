@@ -26,7 +26,7 @@ from depthkit.verdicts.quantities import (
 )
 from depthkit.verdicts.records import Check, Evidence, Reference, Stat
 from depthkit.verdicts.testability import _check, _lens_gate, _task_gate
-from depthkit.verdicts.wording import _ci, _has_interval, _layer_at
+from depthkit.verdicts.wording import _above, _ci, _excludes_zero, _has_interval, _layer_at
 
 
 def _tasks(ev: Evidence) -> list[str]:
@@ -36,7 +36,7 @@ def _tasks(ev: Evidence) -> list[str]:
 def _collected_first(ev: Evidence, ref: Reference) -> list[Check]:
     def check(task: str) -> Check:
         def score(s: Stat) -> tuple[int, str]:
-            first = s.hi <= ref.value
+            first = not _above(s.hi, ref.value)
             return int(first) * 2, f"{task}: collected at {_layer_at(s)}" + ("" if first else ", not clearly in the first half")
 
         return _check(task, ev.get("02", f"MCQ options collected ({task})"), [_task_gate(ev, task)], score)
@@ -58,9 +58,9 @@ def _settled_later(ev: Evidence, ref: Reference) -> list[Check]:
             text = f"{task}: settled minus collected {least}{_ci(s)}, settled at {_layer_at(settled)}"
             if censored == "than":
                 return 0, text + ": options collected only at the output, so no later answer can be shown"
-            if not s.lo > 0:
+            if not _above(s.lo, 0.0):
                 return 0, text + ": not clearly later"
-            second = settled is not None and _has_interval(settled) and settled.lo >= ref.value
+            second = settled is not None and _has_interval(settled) and not _above(ref.value, settled.lo)
             return (2, text) if second else (1, text + ", later but not clearly in the second half")
 
         # With both sides at the output the difference is no measurement: no value is shown.
@@ -73,7 +73,7 @@ def _settled_later(ev: Evidence, ref: Reference) -> list[Check]:
 def _patching_apart(ev: Evidence, ref: Reference) -> list[Check]:
     def check(direction: str) -> Check:
         def score(s: Stat) -> tuple[int, str]:
-            apart = s.lo > 0 or s.hi < 0
+            apart = _excludes_zero(s)
             return int(apart) * 2, f"{direction}: transition minus collection {_ci(s)}" + ("" if apart else ": no clear difference")
 
         target = direction.split(" → ")[-1]

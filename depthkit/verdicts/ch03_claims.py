@@ -12,7 +12,7 @@ from depthkit.core.results import Run
 from depthkit.verdicts.quantities import Q_AGREE, Q_TOKEN_GAP, _boot, _paper, _share
 from depthkit.verdicts.records import Check, Evidence, Reference, Stat
 from depthkit.verdicts.testability import _check, _lens_gate
-from depthkit.verdicts.wording import _ci
+from depthkit.verdicts.wording import _above, _ci
 
 
 def _first_token_deepest(ev: Evidence, ref: Reference) -> list[Check]:
@@ -20,7 +20,7 @@ def _first_token_deepest(ev: Evidence, ref: Reference) -> list[Check]:
 
     def check(t: int) -> Check:
         def score(s: Stat) -> tuple[int, str]:
-            later = s.lo > 0
+            later = _above(s.lo, 0.0)
             return int(later) * 2, f"token 1 − token {t} {_ci(s)}" + ("" if later else ": no clear difference")
 
         return _check(f"token 1 − token {t}", ev.get("03", Q_TOKEN_GAP.format(t=t)), [gate], score)

@@ -14,7 +14,7 @@ from depthkit.core.results import Run
 from depthkit.verdicts.quantities import Q_ADJUSTED, Q_AGREE, Q_CLASS_GAP, Q_CLASSES, Q_MATCHED, _boot, _paper, _share
 from depthkit.verdicts.records import Check, Evidence, Reference, Stat
 from depthkit.verdicts.testability import _check, _lens_gate
-from depthkit.verdicts.wording import _ci, _has_interval
+from depthkit.verdicts.wording import _above, _ci, _has_interval
 
 
 def _function_first(ev: Evidence, ref: Reference) -> list[Check]:
@@ -24,10 +24,10 @@ def _function_first(ev: Evidence, ref: Reference) -> list[Check]:
 
     def score(s: Stat) -> tuple[int, str]:
         gap = f"content minus function onset {_ci(s)} of the depth"
-        if not s.lo > 0:
+        if not _above(s.lo, 0.0):
             return 0, f"{gap}: no clear difference"
         controls = [c for c in (matched, adjusted) if c is not None]
-        if len(controls) == 2 and all(_has_interval(c) and c.lo > 0 for c in controls):
+        if len(controls) == 2 and all(_has_interval(c) and _above(c.lo, 0.0) for c in controls):
             return 2, f"{gap}, and both frequency controls agree"
         return 1, f"{gap}, but the frequency controls ({_ci(matched)}, {_ci(adjusted)}) do not both confirm it"
 

@@ -12,7 +12,7 @@ from depthkit.core.results import Run
 from depthkit.verdicts.quantities import Q_EDGE, Q_SLOPE
 from depthkit.verdicts.records import Check, Evidence, Reference, Stat
 from depthkit.verdicts.testability import _check
-from depthkit.verdicts.wording import _ci
+from depthkit.verdicts.wording import _ci, _excludes_zero
 
 
 def _phase_change(ev: Evidence, ref: Reference) -> list[Check]:
@@ -20,7 +20,7 @@ def _phase_change(ev: Evidence, ref: Reference) -> list[Check]:
 
     def score(s: Stat) -> tuple[int, str]:
         text = f"slope change at ℓ* {_ci(s)}"
-        if not (s.lo > 0 or s.hi < 0):
+        if not _excludes_zero(s):
             return 0, text + ": one line fits as well as two segments"
         if edge is None or edge.value <= 0:
             return 0, text + ", but ℓ* sits on the edge of the fit range"

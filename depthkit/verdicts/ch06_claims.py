@@ -16,7 +16,7 @@ from depthkit.verdicts.ch04_claims import _ref_classes
 from depthkit.verdicts.quantities import Q_AGREE, Q_CLASS_TOKENS, Q_DEPTH_GAP, _boot
 from depthkit.verdicts.records import Check, Evidence, Reference, Stat
 from depthkit.verdicts.testability import _check, _lens_gate
-from depthkit.verdicts.wording import _ci
+from depthkit.verdicts.wording import _above, _ci
 
 
 def _depth_gap(ev: Evidence, ref: Reference) -> list[Check]:
@@ -25,7 +25,7 @@ def _depth_gap(ev: Evidence, ref: Reference) -> list[Check]:
     gate = f"fewer than {MIN_N} {' and '.join(few)}-word tokens" if few else None
 
     def score(s: Stat) -> tuple[int, str]:
-        later = s.lo > 0
+        later = _above(s.lo, 0.0)
         return int(later) * 2, f"content minus function d1/L {_ci(s)}" + ("" if later else ": no clear difference")
 
     return [_check("d1/L gap", ev.get("06", Q_DEPTH_GAP), [gate, _lens_gate(ev, "06")], score)]

@@ -52,7 +52,7 @@ def findings_markdown(table: pd.DataFrame) -> str:
         "## The rules, fixed before the results\n\n" + markdown_table(rules_table()),
         "A claim is *reproduced* when every testable unit (the run, a task, a direction) shows it as the paper states it, "
         "*partly* when some unit shows at least its direction, *not reproduced* when none does and *not testable* when "
-        "no unit meets the conditions. A difference counts only where its interval excludes zero (or the paper's bound).",
+        "no unit meets the conditions. A difference counts only where its interval, as printed, excludes zero (or the paper's bound): an end shown as 0.00 is no finding.",
     ]) + "\n"
 
 

@@ -15,7 +15,7 @@ from depthkit.chapters.ch02_mcq_collection_vs_reasoning import LENS_FLOOR, ONE_A
 from depthkit.stats import MIN_N
 from depthkit.verdicts.quantities import Q_ACCURACY, Q_AGREE, Q_BASELINE, Q_ONE_ANSWER
 from depthkit.verdicts.records import Check, Evidence, Stat
-from depthkit.verdicts.wording import _ci, _has_interval
+from depthkit.verdicts.wording import _above, _ci, _has_interval
 
 # The conditions above in words, as the rules table states them.
 _LENS = f"lens top-1 agreement with the model at layer L−1 ≥ {LENS_FLOOR:.0%}"
@@ -46,7 +46,7 @@ def _lens_gate(ev: Evidence, chapter: str, suffix: str = "") -> str | None:
 def _task_gate(ev: Evidence, task: str) -> str | None:
     """Why a multiple-choice task cannot test a claim about when its answer forms."""
     acc, base, one = (ev.get("02", f"{q} ({task})") for q in (Q_ACCURACY, Q_BASELINE, Q_ONE_ANSWER))
-    if acc is None or base is None or not (math.isfinite(acc.lo) and acc.lo > base.value):
+    if acc is None or base is None or not _above(acc.lo, base.value):
         return f"accuracy {_ci(acc, True)} does not clear the majority baseline of {_ci(base, True)}"
     if one is not None and one.value > ONE_ANSWER_MAX:
         return f"one answer to {one.value:.0%} of prompts (more than {ONE_ANSWER_MAX:.0%})"

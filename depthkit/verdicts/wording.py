@@ -6,8 +6,22 @@ from __future__ import annotations
 
 import math
 
+from depthkit.stats import narrate
 from depthkit.stats.narrate import EQUAL_ENDS
 from depthkit.verdicts.records import Stat, Verdict
+
+# Decimals of every value a verdict prints (a share in whole per cent has the same),
+# and so the precision every comparison that decides a verdict is judged at.
+DIGITS = 2
+
+
+def _above(x: float, bound: float) -> bool:
+    """``x`` exceeds ``bound`` as a verdict prints both."""
+    return narrate.above(x, bound, digits=DIGITS)
+
+
+def _excludes_zero(s: Stat) -> bool:
+    return narrate.excludes_zero(s.lo, s.hi, digits=DIGITS)
 
 
 def _ci(s: Stat | None, pct: bool = False) -> str:
@@ -15,7 +29,7 @@ def _ci(s: Stat | None, pct: bool = False) -> str:
     one (at least 95 % of resamples gave the same grid value: it says so instead)."""
     if s is None or not math.isfinite(s.value):
         return "—"
-    f = (lambda v: f"{v:.0%}") if pct else (lambda v: f"{v:.2f}")
+    f = (lambda v: f"{v:.{DIGITS - 2}%}") if pct else (lambda v: f"{v:.{DIGITS}f}")
     if not (math.isfinite(s.lo) and math.isfinite(s.hi)):
         return f(s.value)
     if f(s.lo) == f(s.hi):
@@ -26,7 +40,7 @@ def _ci(s: Stat | None, pct: bool = False) -> str:
 def _layer_at(s: Stat | None) -> str:
     """A layer as ℓ/L, where ℓ/L = 1 (the output row) is censoring, not a depth."""
     if s is not None and math.isfinite(s.value) and s.value >= 1:
-        share = "" if not _has_interval(s) or s.lo >= 1 else f" (95 % CI from ℓ/L {s.lo:.2f})"
+        share = "" if not _has_interval(s) or s.lo >= 1 else f" (95 % CI from ℓ/L {s.lo:.{DIGITS}f})"
         return f"the output, not before{share}"
     return f"ℓ/L {_ci(s)}"
 
