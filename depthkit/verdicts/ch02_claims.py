@@ -36,7 +36,7 @@ def _tasks(ev: Evidence) -> list[str]:
 def _collected_first(ev: Evidence, ref: Reference) -> list[Check]:
     def check(task: str) -> Check:
         def score(s: Stat) -> tuple[int, str]:
-            first = not _above(s.hi, ref.value)
+            first = s.hi <= ref.value  # as printed too: rounding keeps the order
             return int(first) * 2, f"{task}: collected at {_layer_at(s)}" + ("" if first else ", not clearly in the first half")
 
         return _check(task, ev.get("02", f"MCQ options collected ({task})"), [_task_gate(ev, task)], score)
@@ -60,7 +60,7 @@ def _settled_later(ev: Evidence, ref: Reference) -> list[Check]:
                 return 0, text + ": options collected only at the output, so no later answer can be shown"
             if not _above(s.lo, 0.0):
                 return 0, text + ": not clearly later"
-            second = settled is not None and _has_interval(settled) and not _above(ref.value, settled.lo)
+            second = settled is not None and _has_interval(settled) and settled.lo >= ref.value
             return (2, text) if second else (1, text + ", later but not clearly in the second half")
 
         # With both sides at the output the difference is no measurement: no value is shown.
