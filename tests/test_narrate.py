@@ -15,6 +15,10 @@ def test_estimate_share_and_layer_formats():
     assert narrate.share(0.86, 0.825, 0.895) == "86.0 % (95 % CI 82.5–89.5 %)"
     assert narrate.layer(12.4, 10, 14.2, n_blocks=30) == "layer 12 of 30 (95 % CI 10–14)"
     assert narrate.estimate(math.nan) == "—"
+    # ends that print alike are no precise interval
+    assert narrate.estimate(10.12, 10.08, 10.14) == "10.1 (in at least 95 % of resamples)"
+    assert narrate.difference(0.502, 0.501, 0.504, **LATER, digits=2) == (
+        "content words are 0.50 layers later than function words (+0.50 in at least 95 % of resamples)")
 
 
 def test_no_interval_says_so_and_names_the_minimum():

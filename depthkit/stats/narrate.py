@@ -44,6 +44,8 @@ def estimate(value: float, lo: float = math.nan, hi: float = math.nan, *, digits
     point = f"{value:.{digits}f}{u}"
     if not _finite(lo, hi):
         return f"{point} ({NO_INTERVAL})"
+    if f"{lo:.{digits}f}" == f"{hi:.{digits}f}":  # "CI 10.1–10.1" would read as exact
+        return f"{point} ({EQUAL_ENDS})"
     return f"{point} ({CI_LABEL} {lo:.{digits}f}–{hi:.{digits}f}{u})"
 
 
@@ -133,8 +135,9 @@ def at_output(subject: float, than: float, n_blocks: int) -> Literal["subject", 
 def _difference_interval(lo: float, hi: float, digits: int, step: float | None) -> str:
     """``"95 % CI -3 to -1"``; an interval whose ends are equal is no precise value but
     the same value in at least the interval's share of resamples, on the grid where
-    ``step`` names one: ``"-2 in at least 95 % of resamples, grid: 1 layer"``."""
-    if lo == hi:
+    ``step`` names one: ``"-2 in at least 95 % of resamples, grid: 1 layer"``. Ends that
+    differ but print alike are said the same way."""
+    if f"{lo:+.{digits}f}" == f"{hi:+.{digits}f}":
         grid = f", {_grid(step)}" if step else ""
         return f"{lo:+.{digits}f} {EQUAL_ENDS}{grid}"
     return f"{CI_LABEL} {lo:+.{digits}f} to {hi:+.{digits}f}"
