@@ -220,7 +220,7 @@ def test_input_groups_select_on_the_last_input_token_not_the_output():
     assert g2.set_index(["quantity", "group"])["n"].equals(groups.set_index(["quantity", "group"])["n"])
     assert "no clear difference" in ch.input_group_sentence(g2)
     shown = ch.input_group_table(groups)
-    assert shown["value [95 % CI]"].iloc[2].startswith("+100.0 pp (95 % CI +100.0 to +100.0)") and not hasattr(ch, "whitespace_items")
+    assert shown["value [95 % CI]"].iloc[2].startswith("+100.0 pp (+100.0 in at least 95 % of resamples)") and not hasattr(ch, "whitespace_items")
 
 
 def test_summary_carries_the_layer0_and_input_sentences():

@@ -45,6 +45,11 @@ def test_collect_summary_and_missing(tmp_path):
     assert set(paper["quantity"]) == {"rank-1 onset, function words", "rank-1 onset, content words"}
     wide = across.wide_table(table)
     assert wide.loc["rank-1 onset, content words", "model-a"] == "0.80 [0.77, 0.83]"
+    # the output row is censoring, and ends that print alike are no interval
+    edge = table.assign(value=[0.5, 1.0] + [0.5] * (len(table) - 2), lo=[0.501, 0.9] + list(table["lo"].iloc[2:]),
+                        hi=[0.504, 1.0] + list(table["hi"].iloc[2:]), scale="layer", source=across.OURS)
+    cells = across.wide_table(edge.iloc[:2])
+    assert set(cells.to_numpy().ravel()) - {""} == {"0.50 (in at least 95 % of resamples)", "the output, not before (95 % CI from ℓ/L 0.90)"}
     text = across.summary(table, models)
     assert "0.20 vs 0.80 of the depth" in text and "no ℓ* (chapter 05 missing)" in text
     assert "model-b**, 01_guess_then_refine" not in across.missing_text(missing, unreadable)

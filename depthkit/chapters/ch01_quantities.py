@@ -53,4 +53,4 @@ def _pp(diff: float, lo: float, hi: float) -> str:
         return "—"
     if not (np.isfinite(lo) and np.isfinite(hi)):
         return f"{diff:+.1f} pp ({narrate.NO_INTERVAL})"
-    return f"{diff:+.1f} pp ({narrate.CI_LABEL} {lo:+.1f} to {hi:+.1f})"
+    return f"{diff:+.1f} pp ({narrate.interval(lo, hi, digits=1)})"

@@ -207,7 +207,7 @@ def gaps_text(r1: Mapping[str, Any], n_blocks: int) -> str:
         c = by_class.set_index(by_class["word_class"].astype(str))
         means = " and ".join(f"{cls} words {narrate.estimate(*c.loc[cls, ['estimate', 'lo', 'hi']])}" for cls in ("function", "content"))
         diff = narrate.difference(gap["diff"], gap["lo"], gap["hi"], subject="content words", than="function words", **LATER)
-        frac = (f", i.e. {gap['diff'] / n_blocks:+.2f} L of the depth ({narrate.CI_LABEL} {gap['lo'] / n_blocks:+.2f} to {gap['hi'] / n_blocks:+.2f})"
+        frac = (f", i.e. {gap['diff'] / n_blocks:+.2f} L of the depth ({narrate.interval(gap['lo'] / n_blocks, gap['hi'] / n_blocks, digits=2)})"
                 if np.isfinite(gap["lo"]) else "")
         return f"on {measure} ({MEASURES[measure][2]}) the mean layer is {means}: {diff}{frac}"
 
@@ -232,10 +232,10 @@ def gaps_text(r1: Mapping[str, Any], n_blocks: int) -> str:
         elif narrate.excludes_zero(change.lo, change.hi, digits=1):
             word = "smaller" if change.estimate < 0 else "larger"
             text += (f" The content − function gap is {abs(change.estimate):.1f} layers {word} on saturation than on first reach "
-                     f"({narrate.CI_LABEL} {change.lo:+.1f} to {change.hi:+.1f}, the same passages drawn for both).")
+                     f"({narrate.interval(change.lo, change.hi, digits=1)}, the same passages drawn for both).")
         else:
             text += (f" The two gaps show no clear difference ({change.estimate:+.1f} layers, "
-                     f"{narrate.CI_LABEL} {change.lo:+.1f} to {change.hi:+.1f}).")
+                     f"{narrate.interval(change.lo, change.hi, digits=1)}).")
     return text + (" The paper's claim is about first reach: its figure plots, per prompt, the earliest layer at which the "
                    "answer's rank is ≤ k, and its headline compares that layer at k = 1.")
 

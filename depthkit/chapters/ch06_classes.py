@@ -123,9 +123,9 @@ def gaps_text(class_summary: pd.DataFrame, gaps: dict[str, stats.CI]) -> str:
             text += f" The saturation gap differs from the first-reach gap by {change.estimate:+.2f} L ({narrate.NO_INTERVAL}); no finding is drawn from it."
         elif narrate.excludes_zero(change.lo, change.hi, digits=2):
             text += (f" The content − function gap is {abs(change.estimate):.2f} L {'smaller' if change.estimate < 0 else 'larger'} on saturation than on "
-                     f"first reach ({narrate.CI_LABEL} {change.lo:+.2f} to {change.hi:+.2f}, the same passages drawn for both).")
+                     f"first reach ({narrate.interval(change.lo, change.hi, digits=2)}, the same passages drawn for both).")
         else:
-            text += f" The two gaps show no clear difference ({change.estimate:+.2f} L, {narrate.CI_LABEL} {change.lo:+.2f} to {change.hi:+.2f})."
+            text += f" The two gaps show no clear difference ({change.estimate:+.2f} L, {narrate.interval(change.lo, change.hi, digits=2)})."
     return text + (" The paper's claim is about first reach (its part-of-speech figure plots the earliest layer at which the "
                    "answer reaches rank ≤ k); its main figure has ≈ 5 and ≈ 20 of 32 layers (0.16 and 0.62).")
 

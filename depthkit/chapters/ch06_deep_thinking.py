@@ -50,7 +50,7 @@ def sign_text(corr: stats.CI, token_gap: stats.CI | None = None) -> str:
     if not np.isfinite(corr.lo):
         return (f"With {corr.n} passages there is no interval ({narrate.NO_INTERVAL}), so no sign is read from "
                 f"ρ = {corr.estimate:+.2f}: this run neither supports nor contradicts Chen et al.'s direction.")
-    ci = f"{narrate.CI_LABEL} {corr.lo:+.2f} to {corr.hi:+.2f}"
+    ci = narrate.interval(corr.lo, corr.hi, digits=2)
     if not narrate.excludes_zero(corr.lo, corr.hi, digits=2):
         text = (f"The interval of ρ ({ci}) does not exclude zero: no clear association between how many tokens of a passage settle late "
                 f"and how well the passage is predicted, so this run neither supports nor contradicts Chen et al.'s direction.")

@@ -14,6 +14,8 @@ import pandas as pd
 from depthkit import verdicts
 from depthkit.chapters import CHAPTERS, headlines, paper_reference
 from depthkit.core.results import ResultsError, list_runs
+from depthkit.verdicts.records import Stat
+from depthkit.verdicts.wording import _ci, _layer_at
 
 OURS = "this project"
 PAPER_SOURCE = "paper (reference)"
@@ -60,10 +62,14 @@ def collect(models: list[str], missing: list[tuple[str, str]], results_root: str
     return table, unreadable
 
 
-def _cell(value: float, lo: float, hi: float) -> str:
+def _cell(value: float, lo: float, hi: float, scale: str) -> str:
+    """A value with its interval as the verdicts write it: a layer at the output row
+    (ℓ/L = 1) is "the output, not before", and ends that print alike are no interval.
+    A row with only an interval is one of the paper's ranges."""
     if math.isnan(value):
         return f"[{lo:.2f}, {hi:.2f}]" if not math.isnan(lo) else "—"
-    return f"{value:.2f}" + ("" if math.isnan(lo) else f" [{lo:.2f}, {hi:.2f}]")
+    s = Stat(value, lo, hi, math.nan)
+    return _layer_at(s) if scale == "layer" and value >= 1 else _ci(s)
 
 
 def with_caveats(table: pd.DataFrame, caveats: pd.DataFrame) -> pd.DataFrame:
@@ -79,7 +85,7 @@ def with_caveats(table: pd.DataFrame, caveats: pd.DataFrame) -> pd.DataFrame:
 def wide_table(table: pd.DataFrame) -> pd.DataFrame:
     """Quantity × model (paper rows as "paper (reference): <model>"), each cell the
     value with its 95 % interval, and "†" where a caveat applies (:func:`caveat_text`)."""
-    shown = [_cell(*r) for r in table[["value", "lo", "hi"]].itertuples(index=False)]
+    shown = [_cell(*r) for r in table[["value", "lo", "hi", "scale"]].itertuples(index=False)]
     if "caveat" in table:
         shown = [s + (" †" if c else "") for s, c in zip(shown, table["caveat"])]
     who = np.where(table["source"] == PAPER_SOURCE, PAPER_SOURCE + ": " + table["model"], table["model"])

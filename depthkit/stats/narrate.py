@@ -132,8 +132,9 @@ def at_output(subject: float, than: float, n_blocks: int) -> Literal["subject", 
     return "both" if a and b else "subject" if a else "than" if b else None
 
 
-def _difference_interval(lo: float, hi: float, digits: int, step: float | None) -> str:
-    """``"95 % CI -3 to -1"``; an interval whose ends are equal is no precise value but
+def interval(lo: float, hi: float, *, digits: int, step: float | None = None) -> str:
+    """A signed interval, for sentences that write their own estimate: ``"95 % CI -3
+    to -1"``; an interval whose ends are equal is no precise value but
     the same value in at least the interval's share of resamples, on the grid where
     ``step`` names one: ``"-2 in at least 95 % of resamples, grid: 1 layer"``. Ends that
     differ but print alike are said the same way."""
@@ -177,7 +178,7 @@ def difference(
         unit = unit[:-1]  # "1 layer", but "1.0 layers"
     if not _finite(lo, hi):
         return f"{subject} differ from {than} by {diff:+.{digits}f} {unit} ({NO_INTERVAL}); no finding is drawn from it"
-    ci = _difference_interval(lo, hi, digits, step)
+    ci = interval(lo, hi, digits=digits, step=step)
     bound = ""
     finding = excludes_zero(lo, hi, digits=digits)
     if censored is not None:
