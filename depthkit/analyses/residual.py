@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -43,9 +43,6 @@ if TYPE_CHECKING:
 
 # ---------------------------------------------------------------------------
 # Running text as items
-
-# Decimals of the slope change in chapter 05's sentence, which judges it at them.
-SLOPE_DIGITS = 3
 
 
 def sample_passages(passages: Sequence[str], n: int, *, seed: int = 0, min_chars: int = 400) -> list[str]:
@@ -343,6 +340,7 @@ class PhaseTest:
     slope_change: LayerEstimate
     first_knot: float
     last_knot: float
+    DIGITS: ClassVar[int] = 3  # of the slope change in chapter 05's sentence, which judges it at them
 
     @property
     def at_edge(self) -> bool:
@@ -353,7 +351,7 @@ class PhaseTest:
     def two_segments(self) -> bool:
         """A phase change is supported: an interior split and a slope change whose
         interval excludes zero, as chapter 05 prints it."""
-        return not self.at_edge and narrate.excludes_zero(self.slope_change.lo, self.slope_change.hi, digits=SLOPE_DIGITS)
+        return not self.at_edge and narrate.excludes_zero(self.slope_change.lo, self.slope_change.hi, digits=self.DIGITS)
 
     def as_frame(self) -> pd.DataFrame:
         return pd.DataFrame(

@@ -171,7 +171,7 @@ def phase_test(updates: pd.DataFrame, phase_curve: str, *, n_boot: int, seed: in
 
 def phase_sentence(test: residual.PhaseTest, n_blocks: int) -> str:
     """Whether the run shows a phase change at all, and why not when it does not."""
-    change = narrate.estimate(test.slope_change.estimate, test.slope_change.lo, test.slope_change.hi, digits=residual.SLOPE_DIGITS)
+    change = narrate.estimate(test.slope_change.estimate, test.slope_change.lo, test.slope_change.hi, digits=residual.PhaseTest.DIGITS)
     if test.two_segments:
         near = min(test.split.estimate - test.first_knot, test.last_knot - test.split.estimate) <= 1
         edge = (

@@ -14,8 +14,6 @@ import pandas as pd
 from depthkit import verdicts
 from depthkit.chapters import CHAPTERS, headlines, paper_reference
 from depthkit.core.results import ResultsError, list_runs
-from depthkit.verdicts.records import Stat
-from depthkit.verdicts.wording import _ci, _layer_at
 
 OURS = "this project"
 PAPER_SOURCE = "paper (reference)"
@@ -68,8 +66,7 @@ def _cell(value: float, lo: float, hi: float, scale: str) -> str:
     A row with only an interval is one of the paper's ranges."""
     if math.isnan(value):
         return f"[{lo:.2f}, {hi:.2f}]" if not math.isnan(lo) else "—"
-    s = Stat(value, lo, hi, math.nan)
-    return _layer_at(s) if scale == "layer" and value >= 1 else _ci(s)
+    return verdicts.value_text(value, lo, hi, layer=scale == "layer")
 
 
 def with_caveats(table: pd.DataFrame, caveats: pd.DataFrame) -> pd.DataFrame:

@@ -112,10 +112,10 @@ from depthkit.verdicts.table import (  # noqa: F401
     robustness_roots,
 )
 from depthkit.verdicts.testability import _LENS, _TASK, _check, _lens_gate, _task_gate, _untestable  # noqa: F401
-from depthkit.verdicts.wording import _ci, _has_interval, _layer_at, _values  # noqa: F401
+from depthkit.verdicts.wording import _ci, _has_interval, _layer_at, _values, value_text  # noqa: F401
 
 __all__ = [
     "OUTCOMES", "RULES", "Check", "Evidence", "Finding", "Reference", "Rule", "Stat", "Verdict", "as_table", "caveats",
     "evidence", "findings", "findings_markdown", "findings_table", "judge", "outcome", "robustness_roots", "rules_table",
-    "write_findings_page",
+    "value_text", "write_findings_page",
 ]

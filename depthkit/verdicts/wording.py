@@ -37,12 +37,25 @@ def _ci(s: Stat | None, pct: bool = False) -> str:
     return f"{f(s.value)} [{f(s.lo)}, {f(s.hi)}]"
 
 
-def _layer_at(s: Stat | None) -> str:
-    """A layer as ℓ/L, where ℓ/L = 1 (the output row) is censoring, not a depth."""
+def _at_output(s: Stat | None) -> str | None:
+    """"the output, not before" for a layer ℓ/L at the output row (1), which is
+    censoring, not a depth; None for any other."""
     if s is not None and math.isfinite(s.value) and s.value >= 1:
         share = "" if not _has_interval(s) or s.lo >= 1 else f" (95 % CI from ℓ/L {s.lo:.{DIGITS}f})"
         return f"the output, not before{share}"
-    return f"ℓ/L {_ci(s)}"
+    return None
+
+
+def _layer_at(s: Stat | None) -> str:
+    """A layer as ℓ/L, or "the output, not before"."""
+    return _at_output(s) or f"ℓ/L {_ci(s)}"
+
+
+def value_text(value: float, lo: float, hi: float, *, layer: bool = False) -> str:
+    """A value with its interval as every verdict writes it; ``layer``: the value is a
+    depth ℓ/L, where 1 (the output row) is censoring."""
+    s = Stat(value, lo, hi, math.nan)
+    return (_at_output(s) if layer else None) or _ci(s)
 
 
 def _has_interval(s: Stat) -> bool:
