@@ -50,6 +50,8 @@ def test_collect_summary_and_missing(tmp_path):
                         hi=[0.504, 1.0] + list(table["hi"].iloc[2:]), scale="layer", source=across.OURS)
     cells = across.wide_table(edge.iloc[:2])
     assert set(cells.to_numpy().ravel()) - {""} == {"0.50 (in at least 95 % of resamples)", "the output, not before (95 % CI from ℓ/L 0.90)"}
+    placed = across.depth_rows(edge.iloc[:2])
+    assert list(placed.loc[placed["source"] == across.OURS, "value"]) == [0.5]  # the output row has no depth to place
     text = across.summary(table, models)
     assert "0.20 vs 0.80 of the depth" in text and "no ℓ* (chapter 05 missing)" in text
     assert "model-b**, 01_guess_then_refine" not in across.missing_text(missing, unreadable)

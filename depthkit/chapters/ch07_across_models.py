@@ -96,9 +96,12 @@ def depth_rows(table: pd.DataFrame) -> pd.DataFrame:
     (chapters 02 and 05 both report the patching transitions), and the paper's value
     of the same quantity on each of our rows it describes (a per-task or
     per-direction quantity "X (task)" is described by the paper's X). Rows a
-    verdict found untestable on their model (``testable`` False) are left out."""
+    verdict found untestable on their model (``testable`` False) are left out, and so
+    are layers reached only at the output (ℓ/L = 1: a bound, with no depth to place;
+    the table writes them "the output, not before")."""
     testable = table["testable"] if "testable" in table else True
-    ours = table[(table["source"] == OURS) & (table["scale"] == "layer") & testable].drop_duplicates(["quantity", "model"])
+    placed = table["value"] < 1
+    ours = table[(table["source"] == OURS) & (table["scale"] == "layer") & testable & placed].drop_duplicates(["quantity", "model"])
     ours = ours.sort_values("chapter", kind="stable").assign(row=lambda d: d["chapter"] + " · " + d["quantity"])
     rows = ours[["quantity", "row"]].drop_duplicates("row")
     rows = rows.assign(base=rows["quantity"].str.replace(r" \(.*\)$", "", regex=True))
