@@ -235,11 +235,11 @@ def test_a_correlation_whose_interval_holds_zero_makes_no_finding():
     corr = ch.dtr_correlation(flat, n_boot=200, seed=0)
     assert corr.lo < 0 < corr.hi
     text = ch.dtr_text(flat, 0.85, n_boot=200, seed=0)
-    assert "does not exclude zero: no clear association" in text and "neither supports nor contradicts" in text
+    assert "includes zero: no clear association" in text and "neither supports nor contradicts" in text
     assert "negative" not in text and "positive" not in text
     # an end that prints as zero carries no sign (the seed-1 robustness run had -0.77 to -0.0034)
     edge = ch.sign_text(stats.CI(-0.43, -0.77, -0.0034, 30))
-    assert "(95 % CI -0.77 to -0.00) does not exclude zero: no clear association" in edge and "negative" not in edge
+    assert "(95 % CI -0.77 to -0.00) reaches zero at the precision shown: no clear association" in edge and "negative" not in edge
     assert "is negative" in ch.sign_text(stats.CI(-0.43, -0.77, -0.006, 30))
     few = ch.dtr_text(_dtr(-1.0, n=6), 0.85, n_boot=50, seed=0)
     assert "no sign is read" in few and "depth tracks difficulty" not in few

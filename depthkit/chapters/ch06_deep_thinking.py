@@ -52,7 +52,8 @@ def sign_text(corr: stats.CI, token_gap: stats.CI | None = None) -> str:
                 f"ρ = {corr.estimate:+.2f}: this run neither supports nor contradicts Chen et al.'s direction.")
     ci = narrate.interval(corr.lo, corr.hi, digits=2)
     if not narrate.excludes_zero(corr.lo, corr.hi, digits=2):
-        text = (f"The interval of ρ ({ci}) does not exclude zero: no clear association between how many tokens of a passage settle late "
+        on = "includes zero" if corr.lo <= 0 <= corr.hi else "reaches zero at the precision shown"
+        text = (f"The interval of ρ ({ci}) {on}: no clear association between how many tokens of a passage settle late "
                 f"and how well the passage is predicted, so this run neither supports nor contradicts Chen et al.'s direction.")
     elif corr.estimate < 0:
         text = (f"The correlation is negative and its interval ({ci}) excludes zero: passages with more late-settling tokens are "
