@@ -92,6 +92,17 @@ def test_share_ci_resamples_prompts_and_respects_min_n():
     assert math.isnan(small.lo) and small.n == 4
 
 
+def test_the_baseline_is_cleared_only_as_printed_in_whole_per_cent():
+    from depthkit import stats
+
+    def ci(lo: float) -> stats.CI:
+        return stats.CI(0.4, lo, 0.5, 40)
+
+    # 26.4 % prints as 26 %, the baseline's own value; 26.6 % prints as 27 %
+    assert not ch.clears_baseline(ci(0.264), 0.26) and ch.clears_baseline(ci(0.266), 0.26)
+    assert not ch.clears_baseline(ci(0.9), float("nan")) and not ch.clears_baseline(ci(float("nan")), 0.2)
+
+
 def sweep_frame(n_pairs: int, switch: int, layers=(0, 2, 4)) -> pd.DataFrame:
     return pd.DataFrame([
         {"pair": i, "layer": layer, "class": "source-option" if layer >= switch else "target-option", "direction": "sst2 → mmlu"}

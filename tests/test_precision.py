@@ -175,3 +175,15 @@ def test_gradient_steps_on_the_embedded_model(smollm2, monkeypatch, tmp_path):
     assert lens.meta["bf16_probe"] is not None and lens.meta["dtypes_used"]["train"] in ("bfloat16", "float32")
     held = lens.heldout().pivot(index="layer", columns="lens", values="kl")
     assert (held["tuned"] < held["logit"]).mean() > 0.8
+
+
+def test_the_probe_checks_the_last_row_of_every_product():
+    # A kernel that goes wrong only in the tail block must be caught, although the
+    # float32 reference covers a spread of rows, not all of them.
+    line = "zb = (xb.to(torch.bfloat16) @ Wb).float()"
+    assert line in precision._PROBE
+    tail = precision._PROBE.replace(line, line + "; zb = torch.cat([zb[:-1], zb[-1:] + 1e3])")
+    v = precision.run_probe(32, 300, (200,), script=tail)
+    if v.max_rel_error is not None:  # (None: bfloat16 emulated here, refused before the checks)
+        assert not v.use_bf16 and "off by" in v.reason
+    assert precision.run_probe(32, 300, (200,)).max_rel_error in (None, pytest.approx(0.0, abs=precision.MAX_REL_ERROR))

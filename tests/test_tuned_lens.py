@@ -6,6 +6,7 @@ import json
 import pickle
 import warnings
 
+import pandas as pd
 import pytest
 import torch
 
@@ -136,6 +137,9 @@ def test_save_load_round_trip_is_exact(model, trained, tmp_path):
     assert meta["model"]["fingerprint"] == dk.model_info(model).fingerprint
     assert meta["shapes"] == {"A": list(trained.A.shape), "b": list(trained.b.shape)}
     assert {"kl", "top1_agreement", "lens", "layer"} <= set(meta["heldout"][0])
+    # the held-out table reads back as it was written, columns in their order too
+    pd.testing.assert_frame_equal(loaded.heldout(), trained.heldout())
+    assert list(loaded.heldout().columns) == ["layer", "lens", "kl", "top1_agreement"]
     assert meta["timing"]["total_s"] > 0
     assert not list(tmp_path.glob("*.tmp"))  # atomic writes leave nothing behind
 

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from depthkit.analyses import mcq
-from depthkit.chapters.ch02_layers import _est_layer, share_ci
+from depthkit.chapters.ch02_layers import _est_layer, clears_baseline, share_ci
 from depthkit.chapters.ch02_prompts import task_prompts
 from depthkit.stats import narrate
 
@@ -52,9 +52,8 @@ def _control_accuracy(a: pd.Series, *, n_boot: int, seed: int) -> tuple[str, boo
     interval clears that baseline."""
     ci = share_ci(float(a["accuracy"]), int(a["n"]), n_boot=n_boot, seed=seed)
     base = float(a.get("majority_baseline", np.nan))
-    above = narrate.above(ci.lo * 100, base * 100, digits=0)  # as printed, in whole per cent
     words = narrate.share(*ci[:3], digits=0) + (f" against a majority baseline of {base:.0%}" if np.isfinite(base) else "")
-    return words, above
+    return words, clears_baseline(ci, base)
 
 
 def symbol_reading(est: pd.DataFrame, acc: pd.DataFrame, n_blocks: int, *, n_boot: int, seed: int) -> str:

@@ -27,6 +27,13 @@ def share_ci(share: float, n: int, *, n_boot: int, seed: int) -> stats.CI:
     return stats.bootstrap_ci(np.arange(int(n)) < k, n_boot=n_boot, seed=seed)
 
 
+def clears_baseline(ci: stats.CI, baseline: float) -> bool:
+    """Whether an accuracy interval lies above its majority baseline as the pages
+    print both: in whole per cent, so a lower end shown equal to the baseline is no
+    clearance (a NaN baseline is never cleared)."""
+    return narrate.above(ci.lo * 100, baseline * 100, digits=0)
+
+
 def _matrices(ranks: pd.DataFrame, task: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     g = mcq.per_item(ranks[ranks["task"] == task])
     coll = g.pivot(index="item", columns="layer", values="collected").sort_index(axis=1)

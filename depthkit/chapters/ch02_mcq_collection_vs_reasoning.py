@@ -32,6 +32,7 @@ from depthkit.chapters.ch02_layers import _est_layer as _est_layer
 from depthkit.chapters.ch02_layers import _layer as _layer
 from depthkit.chapters.ch02_layers import _matrices as _matrices
 from depthkit.chapters.ch02_layers import _units as _units
+from depthkit.chapters.ch02_layers import clears_baseline as clears_baseline
 from depthkit.chapters.ch02_layers import demo_note as demo_note
 from depthkit.chapters.ch02_layers import order_difference as order_difference
 from depthkit.chapters.ch02_layers import share_ci as share_ci

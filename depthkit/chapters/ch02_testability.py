@@ -11,7 +11,15 @@ import pandas as pd
 
 from depthkit import stats
 from depthkit.analyses import mcq
-from depthkit.chapters.ch02_layers import COLLECT_LEVEL, DECIDE_LEVEL, _est_layer, demo_note, order_difference, share_ci
+from depthkit.chapters.ch02_layers import (
+    COLLECT_LEVEL,
+    DECIDE_LEVEL,
+    _est_layer,
+    clears_baseline,
+    demo_note,
+    order_difference,
+    share_ci,
+)
 from depthkit.stats import narrate
 from depthkit.stats.narrate import at_output
 
@@ -55,7 +63,7 @@ def testability(est: pd.DataFrame, acc: pd.DataFrame, prompts: pd.DataFrame, *, 
         why = []
         if units < stats.MIN_N:
             why.append(f"only {units} {unit} kept, fewer than {stats.MIN_N}, so nothing here has an interval")
-        elif not narrate.above(ci.lo * 100, base * 100, digits=0):  # as printed, in whole per cent
+        elif not clears_baseline(ci, base):
             why.append(f"accuracy {narrate.share(*ci[:3], digits=0)} does not clear the majority baseline of {base:.0%} "
                        "(always giving the most frequent gold answer)")
         if a.majority_share > ONE_ANSWER_MAX:

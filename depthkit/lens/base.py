@@ -280,4 +280,7 @@ class TunedLens(Lens):
         if not rows:
             raise ValueError("This lens has no held-out metrics (it was not trained or loaded from a sidecar).")
         start = [{**r, "lens": RIDGE_START} for r in self.meta.get("heldout_after_init") or () if r.get("lens") == "tuned"]
-        return pd.DataFrame([*rows, *start])
+        frame = pd.DataFrame([*rows, *start])
+        # A sidecar read back from JSON has its keys sorted; the columns keep one order.
+        first = [c for c in ("layer", "lens", "kl", "top1_agreement") if c in frame.columns]
+        return frame[first + [c for c in frame.columns if c not in first]]

@@ -6,9 +6,10 @@ numbers show.
   (too few units), the text says it cannot be measured here.
 * A difference is stated as a finding only when its interval excludes zero as
   printed: an end that prints as zero ("-0.00") carries no finding, since a reader
-  cannot check the claim against it. Otherwise it is "no clear difference". A difference whose interval has equal ends
-  is written as a share of resamples on its grid, never "CI -2 to -2", and one
-  with a side reached only at the output is a bound ("at least").
+  cannot check the claim against it. Otherwise it is "no clear difference". A
+  difference whose interval has equal ends is written as a share of resamples on
+  its grid, never "CI -2 to -2", and one with a side reached only at the output is
+  a bound ("at least").
 * A layer reached only at the model's output is "the output, not before", never
   "layer L of L"; a zero-width layer interval is "in N % of resamples" on its grid.
 """
@@ -159,11 +160,12 @@ def difference(
     censored: Literal["subject", "than", "both"] | None = None,
 ) -> str:
     """A sentence about ``subject`` minus ``than`` that states a direction only when
-    the interval excludes zero as printed (``digits`` decimals). ``more``/``less``: the words for a positive/negative
-    difference ("later"/"earlier"). E.g. ``"content words are 5.4 layers later than
-    function words (95 % CI +4.5 to +6.3)"`` or ``"no clear difference between content
-    words and function words (-1.2 layers, 95 % CI -3.0 to +0.6)"``. ``step``: the grid
-    of the difference's values (1 for whole layers), named where the interval has no width.
+    the interval excludes zero as printed (``digits`` decimals). ``more``/``less``:
+    the words for a positive/negative difference ("later"/"earlier"). E.g.
+    ``"content words are 5.4 layers later than function words (95 % CI +4.5 to
+    +6.3)"`` or ``"no clear difference between content words and function words
+    (-1.2 layers, 95 % CI -3.0 to +0.6)"``. ``step``: the grid of the difference's
+    values (1 for whole layers), named where the interval has no width.
 
     ``censored``: which side is reached only at the model's output ("the output, not
     before"). Its layer is then a bound, not a value, and so is the difference: with
