@@ -155,7 +155,7 @@ def summary(table: pd.DataFrame, models: list[str], found: Sequence[verdicts.Fin
         if star is not None:
             part.append(f"ℓ*/L = {star['value']:.2f} ({star['quantity']})")
         elif phase is not None and phase.checks:
-            part.append(f"no ℓ*: {phase.reason}")
+            part.append(f"no ℓ* ({phase.reason})")
         else:
             part.append("no ℓ* (chapter 05 missing)")
         saving = first(m, lambda q: "confidence policy" in q)

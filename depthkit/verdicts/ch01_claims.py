@@ -24,7 +24,7 @@ def _frequent_early(ev: Evidence, ref: Reference) -> list[Check]:
         if _above(s.lo, ref.value):
             return 2, f"{where} lies above the paper's {ref.value:.0%}"
         if final is not None and _has_interval(final) and _above(s.lo, final.hi):
-            return 1, f"{where} lies above the output's {_ci(final, True)} but not above the paper's {ref.value:.0%}"
+            return 1, f"{where} lies above the output's {_ci(final, True)} but not clearly above the paper's {ref.value:.0%}"
         return 0, f"{where} is not clearly above the output's {_ci(final, True)}"
 
     return [_check("layer-1 Top-10 share", ev.get("01", Q_L1), [_lens_gate(ev, "01")], score)]

@@ -19,7 +19,7 @@ def _phase_change(ev: Evidence, ref: Reference) -> list[Check]:
     edge = ev.get("05", Q_EDGE)
 
     def score(s: Stat) -> tuple[int, str]:
-        text = f"slope change at ℓ* {_ci(s)}"
+        text = f"slope change at ℓ*: {_ci(s)}"
         if not _excludes_zero(s):
             return 0, text + ": one line fits as well as two segments"
         if edge is None or edge.value <= 0:
