@@ -243,3 +243,27 @@ def test_clean_runs_run_each_prompt_once_and_change_nothing(tiny_llama, monkeypa
     assert passes == [len(SOURCES) + len(TARGETS)]
     for a, b in zip(alone, shared):
         pd.testing.assert_frame_equal(a, b)
+
+
+@pytest.mark.parametrize("convention", ["canonical", "authors"])
+def test_clean_runs_kept_by_the_option_ranks_are_not_run_again(tiny_llama, monkeypatch, convention):
+    import depthkit.analyses.patching as patching_module
+    from depthkit.analyses.mcq import add_option_ids, option_ranks
+
+    # A shared lead-in longer than MIN_SHARED_TOKENS, so the cached-prefix path runs too.
+    lead = "The cat sat on the mat and the dog lay by the door of the house in Paris, and then "
+    prompts = [lead + t for t in TARGETS] + SOURCES
+    f = add_option_ids(tiny_llama, pd.DataFrame({"task": ["a"] * 3 + ["b"] * 3, "example": range(6), "prompt": prompts,
+                                                 "options": [[" the", " a"]] * 6, "gold": [0, 1, 0, 1, 0, 1]}))
+    clean = patching_module.CleanRuns(tiny_llama)
+    kept = option_ranks(tiny_llama, f, lens="logit", convention=convention, progress=False, clean=clean)
+    # Keeping the residuals changes nothing in the ranks.
+    pd.testing.assert_frame_equal(kept, option_ranks(tiny_llama, f, lens="logit", convention=convention, progress=False))
+    ids = [dk.encode(tiny_llama, t) for t in prompts]
+    fresh = patching_module.CleanRuns(tiny_llama)(ids)
+    monkeypatch.setattr(patching_module, "residual_rows", lambda *a, **k: pytest.fail("a kept prompt ran again"))
+    got = clean(ids)
+    assert got.shape == (tiny_llama.cfg.n_layers + 1, len(prompts), tiny_llama.cfg.d_model)
+    torch.testing.assert_close(got, fresh, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="all .* depths"):
+        clean.keep(_last(tiny_llama, SOURCES[:1]), got[:2, :1])

@@ -92,11 +92,45 @@ def test_a_no_timed_on_a_busy_machine_is_not_cached(monkeypatch, tmp_path):
     monkeypatch.setattr(precision, "run_probe", probe(_timing(spread=1.05)))
     assert not precision.bf16_verdict(8, 16, "cpu", (4,)).use_bf16
     assert precision.bf16_verdict(8, 16, "cpu", (4,)).steady  # from the cache
-    assert len(calls) == 2 and len(list(tmp_path.rglob("bf16-*.json"))) == 1
+    # Every lost race was run twice before it counted.
+    assert len(calls) == 4 and len(list(tmp_path.rglob("bf16-*.json"))) == 1
     # A steady yes is cached too; its spread does not matter once it won.
     monkeypatch.setattr(precision, "run_probe", probe(_timing(spread=2.0, t_bf16=0.5)))
     assert precision.bf16_verdict(8, 32, "cpu", (4,)).use_bf16
     assert len(list(tmp_path.rglob("bf16-*.json"))) == 2
+
+
+def test_a_lost_race_is_run_again_before_it_counts(monkeypatch, tmp_path):
+    monkeypatch.setenv("DEPTHKIT_CACHE", str(tmp_path))
+    monkeypatch.delenv("DEPTHKIT_BF16", raising=False)
+    real, order = precision.run_probe, []
+
+    def races(*scripts):
+        def run(d, v, rows):
+            script = scripts[len(order) % len(scripts)]
+            order.append(script)
+            return real(d, v, rows, script=script)
+
+        return run
+
+    slow, fast = _timing(spread=1.05, t_bf16=1.0), _timing(spread=1.05, t_bf16=0.5)
+    # A burst of load lost the first race: the second, won, is what counts and is cached.
+    monkeypatch.setattr(precision, "run_probe", races(slow, fast))
+    won = precision.bf16_verdict(8, 16, "cpu", (4,))
+    assert won.use_bf16 and won.speedup == pytest.approx(2.0) and order == [slow, fast]
+    assert precision.bf16_verdict(8, 16, "cpu", (4,)).use_bf16 and len(order) == 2  # from the cache
+    # Two lost races: a "no", cached, with the better of the two showings.
+    order.clear()
+    monkeypatch.setattr(precision, "run_probe", races(_timing(spread=1.05, t_bf16=1.2), slow))
+    lost = precision.bf16_verdict(8, 32, "cpu", (4,))
+    assert not lost.use_bf16 and lost.speedup == pytest.approx(1.0) and len(order) == 2
+    assert len(list(tmp_path.rglob("bf16-*.json"))) == 2
+    # A won race and a crash do not run again.
+    order.clear()
+    monkeypatch.setattr(precision, "run_probe", races(fast))
+    assert precision.bf16_verdict(8, 64, "cpu", (4,)).use_bf16 and len(order) == 1
+    monkeypatch.setattr(precision, "run_probe", races(CRASH))
+    assert not precision.bf16_verdict(8, 128, "cpu", (4,)).use_bf16 and len(order) == 2
 
 
 def test_verdict_is_cached_per_shape(monkeypatch, tmp_path):

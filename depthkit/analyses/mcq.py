@@ -60,6 +60,7 @@ from depthkit.stats import LEVEL as LEVEL
 from depthkit.stats import MIN_N as MIN_N
 
 if TYPE_CHECKING:
+    from depthkit.analyses.patching import CleanRuns
     from depthkit.engine.handle import Model
 
 
@@ -99,6 +100,7 @@ def option_ranks(
     batch_size: int = 8,
     progress: bool = True,
     return_trajectories: bool = False,
+    clean: CleanRuns | None = None,
     **lens_kwargs,
 ) -> pd.DataFrame | tuple[pd.DataFrame, dict[str, Trajectories]]:
     """Rank and probability of every option token at every layer.
@@ -110,7 +112,9 @@ def option_ranks(
     With ``return_trajectories``, also the :class:`Trajectories` of each task (targets
     ``opt0``.. and ``gold``; its ``item`` is the position within the task), e.g. for
     :func:`depthkit.analyses.early_exit.early_exit_table`. A ``demo_set`` column of
-    ``prompts`` is carried along.
+    ``prompts`` is carried along. ``clean``: a :class:`depthkit.analyses.patching.CleanRuns`
+    that keeps every prompt's last-position residuals, so that patching sweeps over
+    these prompts do not run them again.
     """
     if "option_ids" not in prompts.columns:
         prompts = add_option_ids(model, prompts)
@@ -123,7 +127,7 @@ def option_ranks(
         targets["gold"] = [ids[g] for ids, g in zip(group["option_ids"], group["gold"])]
         traj = trajectories(
             model, list(group["prompt"]), lens=lens_obj, convention=convention, targets=targets,
-            top_k=1, batch_size=batch_size, progress=progress,
+            top_k=1, batch_size=batch_size, progress=progress, keep=None if clean is None else clean.keep,
         )  # fmt: skip
         t = traj.targets[traj.targets["target"].isin(names)].copy()
         rows = group.index.to_numpy()

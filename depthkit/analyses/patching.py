@@ -79,12 +79,32 @@ class CleanRuns:
     prompt run once however many sweeps (and :func:`final_tokens`) ask for it: two
     patching directions between the same tasks read the same prompts, and a
     random-source control reads its prompts as sources and as targets.
+    :meth:`keep` takes residuals another pass already read (e.g. the option ranks of
+    :func:`depthkit.analyses.mcq.option_ranks`), so those prompts never run here.
 
     Calling it with token-id lists gives ``[depth, prompt, d_model]`` in their order."""
 
     def __init__(self, model: Model, *, batch_size: int = 16) -> None:
         self.model, self.batch_size = model, batch_size
         self._rows: dict[tuple[int, ...], Float[Tensor, "depth d_model"]] = {}
+
+    def keep(self, items: Sequence[Item], residuals: Float[Tensor, "depth row d_model"]) -> None:
+        """Store the last-position residuals of ``items`` from a pass that read every
+        depth 0..L at their positions (rows item by item, position by position; the
+        ``keep`` of :func:`depthkit.lens.trajectories.trajectories`). Items that do
+        not read their last token are skipped."""
+        depths = self.model.info.n_blocks + 1
+        if residuals.shape[0] != depths:
+            raise ValueError(f"Clean runs keep residuals at all {depths} depths 0..L; got {residuals.shape[0]}.")
+        row = 0
+        for it in items:
+            last = len(it.tokens) - 1
+            if last in it.positions:
+                # A copy: a view would keep the whole batch's residuals alive.
+                self._rows[tuple(int(t) for t in it.tokens)] = residuals[:, row + it.positions.index(last)].clone()
+            row += len(it.positions)
+        if row != residuals.shape[1]:
+            raise ValueError(f"{len(items)} items read {row} positions, but {residuals.shape[1]} residual rows were given.")
 
     @torch.no_grad()
     def __call__(self, prompts: Sequence[Sequence[int]]) -> Float[Tensor, "depth prompt d_model"]:

@@ -23,9 +23,12 @@ TRANSITION = "patching transition"
 FOLLOWS = "follows source's answer"
 
 
-def patching_sweeps(model: Model, prompts: pd.DataFrame, p: Mapping[str, Any], n_blocks: int) -> pd.DataFrame:
+def patching_sweeps(
+    model: Model, prompts: pd.DataFrame, p: Mapping[str, Any], n_blocks: int, *, clean: patching.CleanRuns | None = None
+) -> pd.DataFrame:
     """Patching in both directions between the two tasks, and the random-source
-    control within ``patch_control``; one row per (direction, pair, layer)."""
+    control within ``patch_control``; one row per (direction, pair, layer).
+    ``clean``: the clean runs the option ranks kept (the prompts they hold do not run again)."""
     def frame(task: str) -> pd.DataFrame:
         f = prompts[prompts["task"] == task]
         return (f if len(f) else task_prompts(model, task, p)).head(p["n_pairs"])
@@ -35,7 +38,8 @@ def patching_sweeps(model: Model, prompts: pd.DataFrame, p: Mapping[str, Any], n
     # A user's file may hold fewer prompts than n_pairs: pair as many as both tasks have.
     src, tgt = src.head(len(tgt)), tgt.head(len(src))
     sweeps = []
-    clean = patching.CleanRuns(model)  # both directions and the control read some prompts twice
+    if clean is None:
+        clean = patching.CleanRuns(model)  # both directions and the control read some prompts twice
     for (a, b), (fa, fb) in (((p["patch_source"], p["patch_target"]), (src, tgt)), ((p["patch_target"], p["patch_source"]), (tgt, src))):
         sw = patching.patching_sweep(model, list(fa["prompt"]), list(fb["prompt"]), target_options=list(fb["option_ids"]),
                                      source_options=list(fa["option_ids"]), layers=layers, clean=clean)

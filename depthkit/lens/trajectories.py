@@ -21,7 +21,7 @@ Prompts become items in :mod:`depthkit.lens.prompts`, residuals are decoded in
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -146,6 +146,7 @@ def trajectories(
     on_overflow: Overflow = "error",
     share_prefix: bool = True,
     progress: bool = True,
+    keep: Callable[[Sequence[Item], Tensor], None] | None = None,
 ) -> Trajectories:
     """Decode every layer of ``model`` at the positions of interest of ``prompts``.
 
@@ -154,13 +155,14 @@ def trajectories(
     positions with targets each). Items are batched by length; results keep the input
     order in the ``item`` column.
 
-    ``batch_size``: items per forward pass; by default
-    :data:`ONE_POSITION_BATCH` when every item reads one position, else
-    :data:`MANY_POSITION_BATCH`.
-
+    ``batch_size``: items per forward pass; by default :data:`ONE_POSITION_BATCH`
+    when every item reads one position, else :data:`MANY_POSITION_BATCH`.
     ``share_prefix``: prompts that start with the same tokens (few-shot
     demonstrations) before any position of interest run those tokens once and
     feed only the rest (:func:`depthkit.engine.capture.shared_prefix_groups`).
+    ``keep``: called per batch with its items and their residuals at every depth 0..L
+    (``[depth, row, d_model]``, rows item by item, position by position), for a later
+    pass over the same prompts (:meth:`depthkit.analyses.patching.CleanRuns.keep`).
 
     >>> import depthkit as dk
     >>> model = dk.load_model("tiny-llama", seed=0)
@@ -179,7 +181,7 @@ def trajectories(
     groups = shared_prefix_groups(items) if share_prefix else [PrefixGroup([], list(range(len(items))), list(items))]
     bar = tqdm(total=len(items), desc=f"{lens_obj.name} lens", unit="prompt", disable=not progress, leave=False)
     step_rows, topk_rows, target_rows = _read_batches(
-        model, lens_obj, plan, items, groups, names, batch_size=batch_size, top_k=top_k, budget_mb=budget_mb, bar=bar
+        model, lens_obj, plan, items, groups, names, batch_size=batch_size, top_k=top_k, budget_mb=budget_mb, bar=bar, keep=keep
     )
     bar.close()
     return Trajectories(
@@ -237,10 +239,12 @@ def _read_batches(
     top_k: int,
     budget_mb: float,
     bar: tqdm,
+    keep: Callable[[Sequence[Item], Tensor], None] | None = None,
 ) -> tuple[list[pd.DataFrame], list[pd.DataFrame], list[pd.DataFrame]]:
     """Rows of the steps, top-k and targets tables, batch by batch, in the order run."""
     n_blocks = model.info.n_blocks
-    needed = sorted({s.layer for s in plan} | {n_blocks})
+    # Reading a depth costs a copy of a few rows; ``keep`` gets them all.
+    needed = list(range(n_blocks + 1)) if keep is not None else sorted({s.layer for s in plan} | {n_blocks})
     depth_index = {d: i for i, d in enumerate(needed)}
     local_plan = [LayerStep(depth_index[s.layer], s.translator) for s in plan]
     tok_names = TokenNames(model.tokenizer)
@@ -256,6 +260,8 @@ def _read_batches(
         for local, resid in zip(cut, reads):
             batch = [group.indices[j] for j in local]
             chunk_items = [items[i] for i in batch]
+            if keep is not None:
+                keep(chunk_items, resid)
             extra = None
             if names:
                 extra = torch.tensor([[it.targets[n][k] for n in names] for it in chunk_items for k in range(len(it.positions))])
