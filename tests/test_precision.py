@@ -125,6 +125,17 @@ def test_a_lost_race_is_run_again_before_it_counts(monkeypatch, tmp_path):
     lost = precision.bf16_verdict(8, 32, "cpu", (4,))
     assert not lost.use_bf16 and lost.speedup == pytest.approx(1.0) and len(order) == 2
     assert len(list(tmp_path.rglob("bf16-*.json"))) == 2
+    # A timing spike that ends the second race early (accuracy unchecked) does not
+    # overrule the first race, which checked it: for load_model an unchecked "no" is a refusal.
+    order.clear()
+    early = 'import json; print(json.dumps({"max_rel_error": None, "t_bf16": 9.0, "t_f32": 1.0, "timed_rows": 4}))'
+    monkeypatch.setattr(precision, "run_probe", races(slow, early))
+    kept = precision.bf16_verdict(8, 48, "cpu", (4,))
+    assert kept.max_rel_error == pytest.approx(0.001) and kept.speedup == pytest.approx(1.0) and order == [slow, early]
+    # A wrong result the second time counts, however the first race went.
+    order.clear()
+    monkeypatch.setattr(precision, "run_probe", races(slow, WRONG))
+    assert "off by" in precision.bf16_verdict(8, 96, "cpu", (4,)).reason and order == [slow, WRONG]
     # A won race and a crash do not run again.
     order.clear()
     monkeypatch.setattr(precision, "run_probe", races(fast))

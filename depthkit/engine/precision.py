@@ -33,7 +33,7 @@ import torch
 
 from depthkit.core.files import atomic_write, cache_dir
 
-PROBE_VERSION = 5
+PROBE_VERSION = 6
 PROBE_TIMEOUT_S = 300
 # bfloat16 must beat float32 by this factor to be chosen (a near tie is not worth
 # its rounding error).
@@ -184,6 +184,19 @@ def _lost_the_race(v: Verdict) -> bool:
     return not v.use_bf16 and v.max_rel_error is not None and v.max_rel_error <= MAX_REL_ERROR
 
 
+def _after_second_race(first: Verdict, again: Verdict) -> Verdict:
+    """What counts after a race bfloat16 lost on speed alone (``first``) was run again.
+    The second race can win, or show a crash or a wrong result; between two lost races
+    the better showing counts. An early exit that checked no accuracy ("far slower on
+    the small product", a timing spike) cannot overrule a race that checked it."""
+    failed = not again.use_bf16 and (again.speedup is None or (again.max_rel_error is not None and not _lost_the_race(again)))
+    if again.use_bf16 or failed:
+        return again
+    if _lost_the_race(again) and (again.speedup or 0.0) > (first.speedup or 0.0):
+        return again
+    return first
+
+
 def bf16_verdict(
     d_model: int, d_vocab: int, device: str | torch.device = "cpu", rows: tuple[int, ...] = (1, 32, 128, 256)
 ) -> Verdict:
@@ -213,10 +226,8 @@ def bf16_verdict(
     verdict = run_probe(d_model, d_vocab, rows)
     if _lost_the_race(verdict):
         # A load elsewhere can only slow a race, and a cached "no" would train every
-        # lens on this machine in float32 from then on: race once more and keep the
-        # better showing (a crash or a wrong result the second time still wins).
-        again = run_probe(d_model, d_vocab, rows)
-        verdict = max(verdict, again, key=lambda v: v.speedup or 0.0) if _lost_the_race(again) or again.use_bf16 else again
+        # lens on this machine in float32 from then on: race once more.
+        verdict = _after_second_race(verdict, run_probe(d_model, d_vocab, rows))
     if not verdict.steady:
         return verdict
     try:
