@@ -132,6 +132,17 @@ def test_a_lost_race_is_run_again_before_it_counts(monkeypatch, tmp_path):
     monkeypatch.setattr(precision, "run_probe", races(slow, early))
     kept = precision.bf16_verdict(8, 48, "cpu", (4,))
     assert kept.max_rel_error == pytest.approx(0.001) and kept.speedup == pytest.approx(1.0) and order == [slow, early]
+    # The other way round: an early exit is raced again, and a race that checked the
+    # results then counts (bfloat16 slower but right: a model in bfloat16 is allowed).
+    order.clear()
+    monkeypatch.setattr(precision, "run_probe", races(early, slow))
+    checked = precision.bf16_verdict(8, 80, "cpu", (4,))
+    assert checked.max_rel_error == pytest.approx(0.001) and order == [early, slow]
+    # Two early exits: an unchecked "no", cached.
+    order.clear()
+    monkeypatch.setattr(precision, "run_probe", races(early))
+    assert precision.bf16_verdict(8, 112, "cpu", (4,)).max_rel_error is None and len(order) == 2
+    assert precision.bf16_verdict(8, 112, "cpu", (4,)).max_rel_error is None and len(order) == 2
     # A wrong result the second time counts, however the first race went.
     order.clear()
     monkeypatch.setattr(precision, "run_probe", races(slow, WRONG))
