@@ -267,3 +267,17 @@ def test_clean_runs_kept_by_the_option_ranks_are_not_run_again(tiny_llama, monke
     torch.testing.assert_close(got, fresh, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="all .* depths"):
         clean.keep(_last(tiny_llama, SOURCES[:1]), got[:2, :1])
+
+
+def test_patched_targets_given_as_arrays_or_lists_meet_under_one_key(tiny_llama):
+    from depthkit.engine.batching import token_key
+    from depthkit.engine.capture import patched_final_residuals
+
+    seq = dk.encode(tiny_llama, TARGETS[0])
+    assert token_key(seq) == token_key(np.asarray(seq)) == token_key(torch.tensor(seq))
+    vectors = torch.randn(3, tiny_llama.info.d_model, generator=torch.Generator().manual_seed(0))
+    vectors[2] = vectors[0]  # the same patch twice: the same answer wherever it sits in the group
+    as_lists = patched_final_residuals(tiny_llama, [list(seq)] * 3, [1, 2, 1], vectors)
+    mixed = patched_final_residuals(tiny_llama, [np.asarray(seq), torch.tensor(seq), list(seq)], [1, 2, 1], vectors)
+    torch.testing.assert_close(as_lists, mixed, rtol=0, atol=0)
+    torch.testing.assert_close(as_lists[0], as_lists[2], rtol=0, atol=0)

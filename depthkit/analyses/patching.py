@@ -29,6 +29,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from depthkit.engine.batching import token_key
 from depthkit.engine.capture import Item, check_layers, patched_final_residuals, residual_rows
 from depthkit.lens.base import LogitLens
 from depthkit.lens.trajectories import TokenNames, encode
@@ -74,11 +75,6 @@ def patched_logits(
     return out
 
 
-def _key(tokens: Sequence[int]) -> tuple[int, ...]:
-    """A prompt as a dictionary key: its token ids, whatever their integer type."""
-    return tuple(int(t) for t in tokens)
-
-
 class CleanRuns:
     """Unpatched last-position residuals of prompts at every depth 0..L, each distinct
     prompt run once however many sweeps (and :func:`final_tokens`) ask for it: two
@@ -106,14 +102,14 @@ class CleanRuns:
             last = len(it.tokens) - 1
             if last in it.positions:
                 # A copy: a view would keep the whole batch's residuals alive.
-                self._rows[_key(it.tokens)] = residuals[:, row + it.positions.index(last)].clone()
+                self._rows[token_key(it.tokens)] = residuals[:, row + it.positions.index(last)].clone()
             row += len(it.positions)
         if row != residuals.shape[1]:
             raise ValueError(f"{len(items)} items read {row} positions, but {residuals.shape[1]} residual rows were given.")
 
     @torch.no_grad()
     def __call__(self, prompts: Sequence[Sequence[int]]) -> Float[Tensor, "depth prompt d_model"]:
-        keys = [_key(p) for p in prompts]
+        keys = [token_key(p) for p in prompts]
         missing = [k for k in dict.fromkeys(keys) if k not in self._rows]
         if missing:
             depths = list(range(self.model.info.n_blocks + 1))

@@ -61,6 +61,12 @@ class Item:
                 )
 
 
+def token_key(tokens: Sequence[int]) -> tuple[int, ...]:
+    """A sequence as a dictionary key: its token ids, whatever their integer type
+    (Python ints, numpy or tensor elements), so equal prompts meet under one key."""
+    return tuple(int(t) for t in tokens)
+
+
 def pad_id(model: Model) -> int:
     """The token id used for padding: the tokenizer's pad, else its EOS, else 0."""
     tok = model.tokenizer

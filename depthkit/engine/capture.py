@@ -50,6 +50,7 @@ from depthkit.engine.batching import (
     packed_tensors,
     pad_id,
     shared_prefix_groups,
+    token_key,
 )
 from depthkit.engine.prefix import SharedPrefix, encode_prefix
 from depthkit.engine.work import WHERE, Call, ForwardWork, depth_site
@@ -296,7 +297,7 @@ def patched_final_residuals(
     for r, seq in enumerate(sequences):
         if len(seq) == 0:
             raise ValueError(f"Target {r} has no tokens; remove empty prompts.")
-        rows_of.setdefault(tuple(int(t) for t in seq), []).append(r)
+        rows_of.setdefault(token_key(seq), []).append(r)
     targets = [Item(list(seq), [len(seq) - 1]) for seq in rows_of]
     bar = tqdm(total=n, desc="patching", unit="run", disable=not run["progress"], leave=False)
     groups = (
@@ -306,7 +307,7 @@ def patched_final_residuals(
         prefix = encode_prefix(model, group.prefix) if group.prefix else None
         chunks = []
         for i, rest in zip(group.indices, group.items):
-            rows = rows_of[tuple(targets[i].tokens)]
+            rows = rows_of[token_key(targets[i].tokens)]
             size = int(run["batch_size"])
             chunks += [(rest.tokens, rows[s : s + size]) for s in range(0, len(rows), size)]
         calls = [_patch_call(model, tokens, [layers[r] for r in chunk], vectors[chunk], prefix) for tokens, chunk in chunks]
