@@ -7,9 +7,9 @@ Runs the same few-shot prompts through the model loaded in float32 (the chapters
 and in bfloat16, reads every option's rank and probability at every layer with the logit
 lens (so no tuned lens enters the comparison), and prints the time of each after a
 warm-up, the share of (prompt, layer, option) ranks that agree, and how often the
-option with the highest probability agrees at the middle, the third-last and the output
-layer. A schedule that changes the model's own answer on some prompts is not equivalent,
-whatever it saves. ``load_model(dtype="bfloat16")`` refuses on a CPU whose bfloat16
+option with the highest probability (chapter 02's choice) agrees at the middle, the
+third-last and the output layer, with each precision's accuracy. A schedule that changes
+the model's own answer on some prompts is not equivalent, whatever it saves. ``load_model(dtype="bfloat16")`` refuses on a CPU whose bfloat16
 kernels the precision probe finds crashing or wrong.
 """
 
@@ -20,11 +20,6 @@ import os
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-
-def top_option(ranks, layer: int):
-    at = ranks[ranks["layer"] == layer]
-    return at.loc[at.groupby("item")["prob"].idxmax(), ["item", "option"]].set_index("item")["option"]
 
 
 def main() -> None:
@@ -39,6 +34,7 @@ def main() -> None:
 
     import depthkit as dk
     from depthkit.analyses import mcq
+    from depthkit.analyses.mcq_layers import accuracy, per_item
     from depthkit.analyses.mcq_prompts import build_prompts
 
     prompts = build_prompts(args.task, args.n, shots=args.shots, seed=0)
@@ -58,8 +54,11 @@ def main() -> None:
           f"({seconds['float32'] / seconds['bfloat16']:.2f}x)")
     print(f"ranks equal: {(f32['rank'] == bf16['rank']).mean():.1%} of (prompt, layer, option); "
           f"largest probability difference {(f32['prob'] - bf16['prob']).abs().max():.3g}")
+    print(f"accuracy: float32 {accuracy(f32)['accuracy'].iloc[0]:.0%}, bfloat16 {accuracy(bf16)['accuracy'].iloc[0]:.0%}")
+    choices = per_item(f32).merge(per_item(bf16), on=["item", "layer"], suffixes=("_f32", "_bf16"))
     for layer in (last // 2, last - 2, last):
-        same = (top_option(f32, layer) == top_option(bf16, layer)).mean()
+        at = choices[choices["layer"] == layer]
+        same = (at["choice_f32"] == at["choice_bf16"]).mean()
         print(f"layer {layer}{' (output)' if layer == last else ''}: the most probable option agrees on {same:.0%} of prompts")
 
 
