@@ -299,6 +299,7 @@ def patched_final_residuals(
             raise ValueError(f"Target {r} has no tokens; remove empty prompts.")
         rows_of.setdefault(token_key(seq), []).append(r)
     targets = [Item(list(seq), [len(seq) - 1]) for seq in rows_of]
+    rows_of_target = list(rows_of.values())  # in the order of ``targets``
     bar = tqdm(total=n, desc="patching", unit="run", disable=not run["progress"], leave=False)
     groups = (
         shared_prefix_groups(targets) if model.backend.supports_prefix else [PrefixGroup([], list(range(len(targets))), targets)]
@@ -307,7 +308,7 @@ def patched_final_residuals(
         prefix = encode_prefix(model, group.prefix) if group.prefix else None
         chunks = []
         for i, rest in zip(group.indices, group.items):
-            rows = rows_of[token_key(targets[i].tokens)]
+            rows = rows_of_target[i]
             size = int(run["batch_size"])
             chunks += [(rest.tokens, rows[s : s + size]) for s in range(0, len(rows), size)]
         calls = [_patch_call(model, tokens, [layers[r] for r in chunk], vectors[chunk], prefix) for tokens, chunk in chunks]

@@ -179,15 +179,13 @@ def run_probe(d_model: int, d_vocab: int, rows: tuple[int, ...] = (1, 32, 128, 2
     return Verdict(True, f"bfloat16 products verified: {timed}, relative error {err:.3g}", err, speedup)
 
 
-def _lost_the_race(v: Verdict) -> bool:
-    """A "no" given only because bfloat16 was not fast enough (its results were right)."""
-    return not v.use_bf16 and v.max_rel_error is not None and v.max_rel_error <= MAX_REL_ERROR
-
-
 def _slower_only(v: Verdict) -> bool:
-    """A "no" given because bfloat16 was slower: a lost race (results checked) or the
-    early exit on the small product (results not checked), not a crash or a wrong result."""
-    return not v.use_bf16 and v.speedup is not None and (v.max_rel_error is None or _lost_the_race(v))
+    """A "no" given because bfloat16 was slower: a lost race (results checked and
+    right) or the early exit on the small product (results not checked), not a crash
+    or a wrong result."""
+    return (
+        not v.use_bf16 and v.speedup is not None and (v.max_rel_error is None or v.max_rel_error <= MAX_REL_ERROR)
+    )
 
 
 def _after_second_race(first: Verdict, again: Verdict) -> Verdict:

@@ -26,6 +26,7 @@ from typing import Any
 import altair as alt
 
 from depthkit.core.files import atomic_write, cache_dir
+from depthkit.plots import tables
 
 RENDERER = "depthkit"
 # Output metadata key that marks the bundle output, so the book runner can drop it.
@@ -120,10 +121,12 @@ def enable(show_bundle: bool | None = None) -> None:
     Registers and activates depthkit's Altair renderer and, inside an IPython
     kernel, displays the chart JavaScript once (an invisible output of the calling
     cell). ``show_bundle=False`` skips that output (for a page that already loads
-    the bundle); the default shows it whenever a kernel is running.
+    the bundle); the default shows it whenever a kernel is running. Tables shown
+    afterwards write missing values as a dash (:mod:`depthkit.plots.tables`).
     """
     alt.renderers.register(RENDERER, _render)
     alt.renderers.enable(RENDERER)
+    tables.enable()
     if show_bundle is None:
         show_bundle = _in_kernel()
     if not show_bundle:
