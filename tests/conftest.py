@@ -106,6 +106,30 @@ class ToyChapter:
     smoke: dict[str, Any] = field(default_factory=dict)
 
 
+def hooked_patch(model: Any, tokens: list[int], layer: int, vector: Any) -> Any:
+    """The final residual at the last position of a plain TransformerLens hooked run
+    of the whole of ``tokens`` with ``vector`` written into that position at depth
+    ``layer``: the independent computation every patched run is checked against."""
+    import torch
+
+    from depthkit.engine.capture import residual_hook_names
+
+    names, seen = residual_hook_names(int(model.cfg.n_layers)), {}
+
+    def write(x, hook):  # noqa: ARG001
+        x = x.clone()
+        x[0, -1] = vector
+        return x
+
+    def read(x, hook):  # noqa: ARG001
+        seen["h"] = x[0, -1].float().clone()
+        return x
+
+    with torch.no_grad():
+        model.run_with_hooks(torch.tensor([list(tokens)]), fwd_hooks=[(names[layer], write), (names[-1], read)])
+    return seen["h"]
+
+
 def toy_notebook(path: Path, params: str, cells: list[tuple[str, str]]) -> Path:
     """Write a notebook: a tagged parameters cell, then ``(kind, source)`` cells
     (kind ``"md"`` or ``"code"``)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import hooked_patch
 
 import depthkit as dk
 from depthkit.engine.capture import (
@@ -183,18 +184,4 @@ def test_patched_run_matches_a_hand_written_hook(tiny_llama):
     v = torch.randn(model.cfg.d_model)
     layer = 2
     got = patched_final_residuals(model, [ids], [layer], v[None])[0]
-    seen = {}
-
-    def write(x, hook):  # noqa: ARG001
-        x = x.clone()
-        x[0, -1] = v
-        return x
-
-    def read(x, hook):  # noqa: ARG001
-        seen["h"] = x[0, -1].float()
-        return x
-
-    L = model.cfg.n_layers
-    with torch.no_grad(), model.hooks(fwd_hooks=[(f"blocks.{layer}.hook_resid_pre", write), (f"blocks.{L - 1}.hook_resid_post", read)]):
-        model(torch.tensor([ids]))
-    torch.testing.assert_close(got, seen["h"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, hooked_patch(model, ids, layer, v), rtol=1e-5, atol=1e-5)

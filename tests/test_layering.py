@@ -164,8 +164,9 @@ def test_only_the_backends_run_forward_passes_with_interventions():
 
     assert users("run_with_hooks(") == ["depthkit.engine.backends.bridge"]
     assert users(".trace(") == ["depthkit.engine.backends.nnsight_trace"]
-    # Every module that reads or writes residuals asks the capture layer (none reaches a backend's passes).
-    assert users("backend.execute") == ["depthkit.engine.capture"]
+    # Every module that reads or writes residuals asks the capture layer (none reaches a
+    # backend's passes); its patched runs live beside it and are re-exported by it.
+    assert users("backend.execute") == ["depthkit.engine.capture", "depthkit.engine.patched"]
     assert users("backend.truncated") == ["depthkit.engine.capture"]
 
 

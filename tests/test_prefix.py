@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import hooked_patch
 
 import depthkit as dk
-from depthkit.engine.capture import Item, collect_residuals, patched_final_residuals, residual_hook_names, shared_prefix_groups
+from depthkit.engine.capture import Item, collect_residuals, patched_final_residuals, shared_prefix_groups
 from depthkit.engine.prefix import common_prefix_length, encode_prefix
 
 ARCHS = ("llama", "gpt2", "neox", "gemma3")
@@ -69,28 +70,15 @@ def _check_patched_against_uncached(model, seqs: list[list[int]], layer_list: li
     hooked run of the whole sequence with the same vector written in: to 1e-4, or
     with ``relative`` to 1e-4 of the residual's largest entry (a real model's final
     residual has entries in the hundreds, where float32 keeps about 1e-5)."""
-    L, d = int(model.cfg.n_layers), int(model.cfg.d_model)
+    d = int(model.cfg.d_model)
     g = torch.Generator().manual_seed(1)
     rows = [(t, layer) for t in range(len(seqs)) for layer in layer_list]
     vecs = scale * torch.randn(len(rows), d, generator=g)
     got = patched_final_residuals(model, [seqs[t] for t, _ in rows], [lay for _, lay in rows], vecs, batch_size=batch_size)
-    names = residual_hook_names(L)
     for r, (t, layer) in enumerate(rows):
-        seen = {}
-
-        def write(x, hook, r=r):  # noqa: ARG001
-            x = x.clone()
-            x[0, -1] = vecs[r]
-            return x
-
-        def read(x, hook):  # noqa: ARG001
-            seen["h"] = x[0, -1].clone()
-            return x
-
-        hooks = [(names[layer], write), (names[L], read)]
-        model.run_with_hooks(torch.tensor([seqs[t]]), fwd_hooks=hooks)
-        tol = 1e-4 * (seen["h"].abs().max().item() if relative else 1.0)
-        assert (got[r] - seen["h"]).abs().max().item() < tol, (t, layer)
+        want = hooked_patch(model, seqs[t], layer, vecs[r])
+        tol = 1e-4 * (want.abs().max().item() if relative else 1.0)
+        assert (got[r] - want).abs().max().item() < tol, (t, layer)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -113,8 +113,8 @@ def option_ranks(
     ``opt0``.. and ``gold``; its ``item`` is the position within the task), e.g. for
     :func:`depthkit.analyses.early_exit.early_exit_table`. A ``demo_set`` column of
     ``prompts`` is carried along. ``clean``: a :class:`depthkit.analyses.patching.CleanRuns`
-    that keeps every prompt's last-position residuals, so that patching sweeps over
-    these prompts do not run them again.
+    that keeps every prompt's last-position residuals (and the contexts of its
+    patching targets), so that patching sweeps over these prompts do not run them again.
     """
     if "option_ids" not in prompts.columns:
         prompts = add_option_ids(model, prompts)
@@ -127,7 +127,7 @@ def option_ranks(
         targets["gold"] = [ids[g] for ids, g in zip(group["option_ids"], group["gold"])]
         traj = trajectories(
             model, list(group["prompt"]), lens=lens_obj, convention=convention, targets=targets,
-            top_k=1, batch_size=batch_size, progress=progress, keep=None if clean is None else clean.keep,
+            top_k=1, batch_size=batch_size, progress=progress, keep=None if clean is None else clean.keep, keep_contexts=clean,
         )  # fmt: skip
         t = traj.targets[traj.targets["target"].isin(names)].copy()
         rows = group.index.to_numpy()

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from depthkit.engine.batching import token_key
 from depthkit.engine.capture import Item, check_layers, patched_final_residuals, residual_rows
+from depthkit.engine.contexts import KeptContext
 from depthkit.lens.base import LogitLens
 from depthkit.lens.trajectories import TokenNames, encode
 from depthkit.stats import LEVEL, MIN_N
@@ -83,11 +84,38 @@ class CleanRuns:
     :meth:`keep` takes residuals another pass already read (e.g. the option ranks of
     :func:`depthkit.analyses.mcq.option_ranks`), so those prompts never run here.
 
-    Calling it with token-id lists gives ``[depth, prompt, d_model]`` in their order."""
+    Calling it with token-id lists gives ``[depth, prompt, d_model]`` in their order.
 
-    def __init__(self, model: Model, *, batch_size: int = 16) -> None:
+    ``targets``: prompts that patching sweeps will patch. A pass that keeps their
+    residuals also keeps their key/value states (:attr:`contexts`, up to
+    ``context_mb`` megabytes; where the model allows, :func:`depthkit.engine.contexts.can_keep`),
+    so that their patched runs feed only copies of the last token instead of running
+    the prompt again."""
+
+    def __init__(self, model: Model, *, batch_size: int = 16, targets: Sequence[TokensLike] = (), context_mb: float = 1024.0) -> None:
         self.model, self.batch_size = model, batch_size
         self._rows: dict[tuple[int, ...], Float[Tensor, "depth d_model"]] = {}
+        self._wanted = {token_key(_ids(model, t)) for t in targets}
+        self._room = int(context_mb * 2**20)
+        self._prefixes: set[int] = set()
+        self.contexts: dict[tuple[int, ...], KeptContext] = {}
+
+    def wants_context(self, tokens: Sequence[int]) -> bool:
+        key = token_key(tokens)
+        return key in self._wanted and key not in self.contexts and self._room > 0
+
+    def keep_context(self, context: KeptContext) -> None:
+        """Keep ``context`` (of a prompt :meth:`wants_context` asked for) while room is left;
+        a shared prefix counts once, however many contexts continue it."""
+        new_prefix = context.prefix is not None and id(context.prefix) not in self._prefixes
+        size = context.own_bytes + (context.prefix.nbytes if new_prefix else 0)  # type: ignore[union-attr]
+        if size > self._room:
+            self._room = 0  # the rest run their context again
+            return
+        self._room -= size
+        if new_prefix:
+            self._prefixes.add(id(context.prefix))
+        self.contexts[token_key(context.prompt)] = context
 
     def keep(self, items: Sequence[Item], residuals: Float[Tensor, "depth row d_model"]) -> None:
         """Store the last-position residuals of ``items`` from a pass that read every
@@ -249,8 +277,7 @@ def patching_sweep(
     n = len(targets)
     t_opts = _option_sets(target_options, n, "target_options")
     s_opts = _option_sets(source_options, n, "source_options")
-    src_ids = [_ids(model, s) for s in sources]
-    tgt_ids = [_ids(model, t) for t in targets]
+    src_ids, tgt_ids = [_ids(model, s) for s in sources], [_ids(model, t) for t in targets]
     readout = LogitLens(model).readout
 
     depths = sorted(set(layers) | {n_blocks})
@@ -259,7 +286,8 @@ def patching_sweep(
     pair_idx = np.repeat(np.arange(n), len(layers))
     layer_col = np.tile(np.array(layers), n)
     vectors = clean_h[[depths.index(l) for l in layer_col], src_row[pair_idx]]
-    h = patched_final_residuals(model, [tgt_ids[p] for p in pair_idx], layer_col.tolist(), vectors, progress=progress)
+    h = patched_final_residuals(model, [tgt_ids[p] for p in pair_idx], layer_col.tolist(), vectors, contexts=runs.contexts,
+                                progress=progress)  # fmt: skip
     out_id, out_p, p_t, p_s = _read_patched(readout, h, pair_idx, t_opts, s_opts)
     cls, follows = _classify(out_id, pair_idx, t_opts, s_opts, tgt_out, src_out)
     return pd.DataFrame(

@@ -41,6 +41,7 @@ from depthkit.chapters.ch02_patching import FOLLOWS as FOLLOWS
 from depthkit.chapters.ch02_patching import TRANSITION
 from depthkit.chapters.ch02_patching import _tr_layer as _tr_layer
 from depthkit.chapters.ch02_patching import class_shares as class_shares
+from depthkit.chapters.ch02_patching import clean_runs as clean_runs
 from depthkit.chapters.ch02_patching import control_direction as control_direction
 from depthkit.chapters.ch02_patching import patching_summary as patching_summary
 from depthkit.chapters.ch02_patching import patching_sweeps as patching_sweeps

@@ -23,18 +23,30 @@ TRANSITION = "patching transition"
 FOLLOWS = "follows source's answer"
 
 
+def _pair_prompts(model: Model, prompts: pd.DataFrame, p: Mapping[str, Any], task: str) -> pd.DataFrame:
+    """The prompts of ``task`` that the sweeps pair: the run's own, else drawn for them."""
+    f = prompts[prompts["task"] == task]
+    return (f if len(f) else task_prompts(model, task, p)).head(p["n_pairs"])
+
+
+def clean_runs(model: Model, prompts: pd.DataFrame, p: Mapping[str, Any]) -> patching.CleanRuns:
+    """The clean runs for the option ranks to fill: every prompt's residuals, and the
+    contexts of the prompts the sweeps will patch (all three tasks' pairs are targets
+    in some direction), so those prompts never run again."""
+    tasks = dict.fromkeys([p["patch_source"], p["patch_target"], p["patch_control"]])
+    targets = [t for task in tasks for t in prompts.loc[prompts["task"] == task, "prompt"].head(p["n_pairs"])]
+    return patching.CleanRuns(model, targets=targets)
+
+
 def patching_sweeps(
     model: Model, prompts: pd.DataFrame, p: Mapping[str, Any], n_blocks: int, *, clean: patching.CleanRuns | None = None
 ) -> pd.DataFrame:
     """Patching in both directions between the two tasks, and the random-source
     control within ``patch_control``; one row per (direction, pair, layer).
-    ``clean``: the clean runs the option ranks kept (the prompts they hold do not run again)."""
-    def frame(task: str) -> pd.DataFrame:
-        f = prompts[prompts["task"] == task]
-        return (f if len(f) else task_prompts(model, task, p)).head(p["n_pairs"])
-
+    ``clean``: the clean runs the option ranks kept (:func:`clean_runs`; the prompts
+    they hold do not run again)."""
     layers = sorted(set(range(0, n_blocks + 1, p["patch_layer_step"])) | {n_blocks})
-    src, tgt = frame(p["patch_source"]), frame(p["patch_target"])
+    src, tgt = (_pair_prompts(model, prompts, p, p[k]) for k in ("patch_source", "patch_target"))
     # A user's file may hold fewer prompts than n_pairs: pair as many as both tasks have.
     src, tgt = src.head(len(tgt)), tgt.head(len(src))
     sweeps = []
@@ -44,7 +56,7 @@ def patching_sweeps(
         sw = patching.patching_sweep(model, list(fa["prompt"]), list(fb["prompt"]), target_options=list(fb["option_ids"]),
                                      source_options=list(fa["option_ids"]), layers=layers, clean=clean)
         sweeps.append(sw.assign(direction=f"{a} → {b}", control=False))
-    pc = frame(p["patch_control"])
+    pc = _pair_prompts(model, prompts, p, p["patch_control"])
     # The control pairs prompts whose *model* answers differ: with the same answer,
     # following the source could not be told from keeping the target's own.
     answers = patching.final_tokens(model, list(pc["prompt"]), clean=clean)

@@ -76,6 +76,14 @@ def pad_id(model: Model) -> int:
     return 0
 
 
+def _options(given: dict, allowed: dict) -> dict:
+    """Keyword options with defaults; a misspelt one raises instead of being ignored."""
+    unknown = sorted(set(given) - set(allowed))
+    if unknown:
+        raise TypeError(f"Unknown option(s) {unknown}; valid: {', '.join(allowed)}.")
+    return {**allowed, **given}
+
+
 def _device(model: Model) -> torch.device:
     return model.backend.device
 

@@ -38,9 +38,8 @@ from depthkit.engine.batching import (
     PACK_WIDTH,
     Item,
     PrefixGroup,
-    _device,
+    _options,
     _out_device,
-    _sliding_window,
     batch_tensors,
     copy_attention_mask,
     length_batches,
@@ -50,8 +49,9 @@ from depthkit.engine.batching import (
     packed_tensors,
     pad_id,
     shared_prefix_groups,
-    token_key,
 )
+from depthkit.engine.contexts import CACHE, ContextKeeper, can_keep, contexts_of_run
+from depthkit.engine.patched import check_layers, patched_final_residuals
 from depthkit.engine.prefix import SharedPrefix, encode_prefix
 from depthkit.engine.work import WHERE, Call, ForwardWork, depth_site
 
@@ -94,14 +94,6 @@ def residual_hook_names(n_blocks: int) -> list[str]:
     return [f"blocks.{i}.hook_resid_pre" for i in range(n_blocks)] + [f"blocks.{n_blocks - 1}.hook_resid_post"]
 
 
-def _options(given: dict, allowed: dict) -> dict:
-    """Keyword options with defaults; a misspelt one raises instead of being ignored."""
-    unknown = sorted(set(given) - set(allowed))
-    if unknown:
-        raise TypeError(f"Unknown option(s) {unknown}; valid: {', '.join(allowed)}.")
-    return {**allowed, **given}
-
-
 @torch.no_grad()
 def collect_residuals(
     model: Model,
@@ -136,10 +128,12 @@ def residual_batches(
     skip_block: int | None = None,
     prefix: SharedPrefix | None = None,
     pack: bool = False,
+    contexts: ContextKeeper | None = None,
 ) -> Iterator[Float[Tensor, "layer position d_model"]]:
     """:func:`collect_residuals` of each batch, in order, as they are read: one
-    forward pass each, which a remote backend sends several to a request."""
-    return residual_runs(model, [(items, skip_block) for items in batches], layers, prefix=prefix, pack=pack)
+    forward pass each, which a remote backend sends several to a request.
+    ``contexts``: see :func:`residual_runs`."""
+    return residual_runs(model, [(items, skip_block) for items in batches], layers, prefix=prefix, pack=pack, contexts=contexts)
 
 
 @torch.no_grad()
@@ -150,15 +144,37 @@ def residual_runs(
     *,
     prefix: SharedPrefix | None = None,
     pack: bool = False,
+    contexts: ContextKeeper | None = None,
 ) -> Iterator[Float[Tensor, "layer position d_model"]]:
     """:func:`collect_residuals` of each ``(items, skip_block)`` run, in order, as
-    they are read (a run with a block number removes that block's update)."""
+    they are read (a run with a block number removes that block's update).
+    ``contexts``: the unpatched runs of items it wants (that read their last token)
+    hand it their context (:mod:`depthkit.engine.contexts`), where the model allows."""
     layers = list(range(model.info.n_blocks + 1)) if layers is None else list(layers)
     if pack and prefix is not None:
         raise ValueError("Packed rows cannot continue a shared prefix; pass pack=False.")
+    keeper = contexts if contexts is not None and can_keep(model) else None
+    # A run with a block removed is not the prompt's own run: its states are not kept.
+    wanted = [_wanted(keeper, items, prefix) if skip is None else [] for items, skip in runs]
     calls = [_residual_call(model, items, layers, skip, prefix, pack) for items, skip in runs]
-    for got in model.backend.execute_all(calls):
+    for call, w in zip(calls, wanted):
+        call.work.keep_cache = bool(w)
+    for (items, _), w, call, got in zip(runs, wanted, calls, model.backend.execute_all(calls)):
+        if w:
+            _, rows, columns = call.work.steps()[0].reads[0]  # every depth reads the same rows
+            for ctx in contexts_of_run(got.pop(CACHE), items, w, rows, columns, prefix):
+                keeper.keep_context(ctx)  # type: ignore[union-attr]
         yield torch.stack([got[str(d)] for d in layers])
+
+
+def _wanted(keeper: ContextKeeper | None, items: Sequence[Item], prefix: SharedPrefix | None) -> list[int]:
+    """The items whose context ``keeper`` wants: those that read their last token and
+    have a context (a token before it)."""
+    head = prefix.tokens if prefix is not None else []
+    if keeper is None:
+        return []
+    return [i for i, it in enumerate(items)
+            if len(it.tokens) - 1 in it.positions and len(head) + len(it.tokens) >= 2 and keeper.wants_context(head + list(it.tokens))]  # fmt: skip
 
 
 def _residual_call(
@@ -251,104 +267,6 @@ def block_maps(
         calls.append(Call(tokens, mask, work))
     for got in model.backend.execute_all(calls):
         yield [fn(b, got.pop(f"{b}.pre"), got.pop(f"{b}.mid"), got.pop(f"{b}.post")) for b in range(n_blocks)]
-
-
-def check_layers(layers: Sequence[int], n_blocks: int) -> list[int]:
-    """``layers`` as ints, each a residual depth 0..L (raises otherwise)."""
-    out = [int(l) for l in layers]
-    bad = [l for l in out if not 0 <= l <= n_blocks]
-    if bad:
-        raise ValueError(f"Layers {bad} are outside 0..{n_blocks} (0 = embeddings, {n_blocks} = final residual).")
-    return out
-
-
-@torch.no_grad()
-def patched_final_residuals(
-    model: Model,
-    sequences: Sequence[Sequence[int]],
-    layers: Sequence[int],
-    vectors: Float[Tensor, "row d_model"],
-    **run: int | bool,
-) -> Float[Tensor, "row d_model"]:
-    """The final residual at the last position of each sequence after writing
-    ``vectors[r]`` into the residual stream of ``sequences[r]`` at depth
-    ``layers[r]`` (last position), as float32. Rows are independent; results keep
-    the input order. A patch at depth L is what comes out. ``run``: ``batch_size``
-    (patched rows of one target per forward pass, 64) and ``progress`` (off).
-
-    A patch at the last position cannot change any earlier position (attention is
-    causal). So targets that share leading tokens (few-shot demonstrations) run
-    them once (:func:`shared_prefix_groups`), each target then runs the rest of its
-    context once, and all of its patched rows ride along in that same pass as
-    extra copies of its last token: every copy sits at the last token's position,
-    sees the context and itself but no other copy (:func:`copy_attention_mask`),
-    and is patched at its own depth.
-    """
-    n = len(sequences)
-    if not (len(layers) == n == vectors.shape[0]):
-        raise ValueError(
-            f"Give one layer and one vector per target: {n} targets, {len(layers)} layers, {vectors.shape[0]} vectors."
-        )
-    n_blocks = model.info.n_blocks
-    layers = check_layers(layers, n_blocks)
-    out = torch.empty((n, model.info.d_model), dtype=torch.float32, device=_out_device(model))
-    run = _options(run, {"batch_size": 64, "progress": False})
-    rows_of: dict[tuple[int, ...], list[int]] = {}
-    for r, seq in enumerate(sequences):
-        if len(seq) == 0:
-            raise ValueError(f"Target {r} has no tokens; remove empty prompts.")
-        rows_of.setdefault(token_key(seq), []).append(r)
-    targets = [Item(list(seq), [len(seq) - 1]) for seq in rows_of]
-    rows_of_target = list(rows_of.values())  # in the order of ``targets``
-    bar = tqdm(total=n, desc="patching", unit="run", disable=not run["progress"], leave=False)
-    groups = (
-        shared_prefix_groups(targets) if model.backend.supports_prefix else [PrefixGroup([], list(range(len(targets))), targets)]
-    )
-    for group in groups:
-        prefix = encode_prefix(model, group.prefix) if group.prefix else None
-        chunks = []
-        for i, rest in zip(group.indices, group.items):
-            rows = rows_of_target[i]
-            size = int(run["batch_size"])
-            chunks += [(rest.tokens, rows[s : s + size]) for s in range(0, len(rows), size)]
-        calls = [_patch_call(model, tokens, [layers[r] for r in chunk], vectors[chunk], prefix) for tokens, chunk in chunks]
-        for (_, chunk), got in zip(chunks, model.backend.execute_all(calls)):
-            out[chunk] = got["final"].to(out.device)
-            bar.update(len(chunk))
-    bar.close()
-    return out
-
-
-def _patch_call(
-    model: Model, tokens: list[int], layers: list[int], vec: Float[Tensor, "row d_model"], prefix: SharedPrefix | None
-) -> Call:
-    """The pass giving (as ``"final"``) the final residuals of ``tokens[-1]``
-    continuing ``prefix`` + ``tokens[:-1]``, once per row, row r patched at depth
-    ``layers[r]`` (see :func:`patched_final_residuals`)."""
-    device = _device(model)
-    n_prefix = prefix.length if prefix is not None else 0
-    context, n_copies = tokens[:-1], len(layers)
-    ids = torch.tensor([context + [tokens[-1]] * n_copies], dtype=torch.long, device=device)
-    position = torch.arange(n_prefix, n_prefix + len(context) + 1, device=device)
-    position_ids = torch.cat([position[:-1], position[-1:].expand(n_copies)])[None]
-    mask = copy_attention_mask(n_prefix, len(context), n_copies).to(device)
-    window = _sliding_window(model)
-    if window is not None and n_prefix + len(context) + 1 > window:
-        # Models with sliding-window layers take one mask per layer type.
-        mask = {
-            "full_attention": mask,
-            "sliding_attention": copy_attention_mask(n_prefix, len(context), n_copies, window).to(device),
-        }
-    n_blocks = model.info.n_blocks
-    at = torch.tensor(layers)
-    work = ForwardWork()
-    # A patch at depth L comes before the read at the same site, so it is what is read out.
-    for depth in sorted(set(layers)):
-        sel = torch.nonzero(at == depth).flatten()
-        work.write(depth_site(depth, n_blocks), torch.zeros_like(sel), len(context) + sel, vec[sel])
-    copies = torch.arange(len(context), len(context) + n_copies)
-    work.read("final", depth_site(n_blocks, n_blocks), torch.zeros_like(copies), copies)
-    return Call(ids, mask, work, position_ids, prefix)
 
 
 @torch.no_grad()

@@ -44,6 +44,11 @@ class SharedPrefix:
     def length(self) -> int:
         return len(self.tokens)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the cached keys and values."""
+        return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.cache.layers)
+
     def cache_for(self, batch: int) -> Any:
         """A copy of the cache repeated ``batch`` times along the batch axis."""
         out = copy.deepcopy(self.cache)

@@ -57,7 +57,9 @@ class ForwardWork:
     """The reads, writes and removed block of one forward pass (see the module
     docstring). Build it with :meth:`read`, :meth:`write` and :meth:`skip`; backends
     walk :meth:`steps`. ``stop_after_reads``: the pass may stop once the last read
-    is done (a truncated forward pass; nothing after it is needed).
+    is done (a truncated forward pass; nothing after it is needed). ``keep_cache``:
+    also return the pass's key/value cache, under
+    :data:`depthkit.engine.contexts.CACHE` (backends with ``keeps_cache`` only).
 
     >>> import torch
     >>> work = ForwardWork().read("h2", (2, "pre"), torch.tensor([0]), torch.tensor([3]))
@@ -67,6 +69,7 @@ class ForwardWork:
 
     sites: dict[tuple[int, str], SiteSteps] = field(default_factory=dict)
     stop_after_reads: bool = False
+    keep_cache: bool = False
 
     def _site(self, site: tuple[int, str]) -> SiteSteps:
         block, where = int(site[0]), str(site[1])

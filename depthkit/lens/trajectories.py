@@ -43,6 +43,7 @@ from depthkit.engine.capture import (
     residual_hook_names,
     shared_prefix_groups,
 )
+from depthkit.engine.contexts import ContextKeeper
 from depthkit.engine.prefix import encode_prefix
 from depthkit.lens.base import DEFAULT_LENS, Convention, LayerStep, Lens, layer_plan
 from depthkit.lens.decode import BYTES_PER_VOCAB_ENTRY, Workspace, _Decoded, decode_residuals
@@ -147,13 +148,13 @@ def trajectories(
     share_prefix: bool = True,
     progress: bool = True,
     keep: Callable[[Sequence[Item], Tensor], None] | None = None,
+    keep_contexts: ContextKeeper | None = None,
 ) -> Trajectories:
     """Decode every layer of ``model`` at the positions of interest of ``prompts``.
 
     ``prompts`` are strings (then ``positions`` and ``targets`` say what to read, see
     :func:`make_items`) or ready-made :class:`Item` objects (teacher forcing, several
-    positions with targets each). Items are batched by length; results keep the input
-    order in the ``item`` column.
+    positions with targets each). Items are batched by length; the ``item`` column keeps the input order.
 
     ``batch_size``: items per forward pass; by default :data:`ONE_POSITION_BATCH`
     when every item reads one position, else :data:`MANY_POSITION_BATCH`.
@@ -162,7 +163,8 @@ def trajectories(
     feed only the rest (:func:`depthkit.engine.capture.shared_prefix_groups`).
     ``keep``: called per batch with its items and their residuals at every depth 0..L
     (``[depth, row, d_model]``, rows item by item, position by position), for a later
-    pass over the same prompts (:meth:`depthkit.analyses.patching.CleanRuns.keep`).
+    pass over the same prompts (:meth:`depthkit.analyses.patching.CleanRuns.keep`);
+    ``keep_contexts`` gets the key/value states of the prompts it wants (:mod:`depthkit.engine.contexts`).
 
     >>> import depthkit as dk
     >>> model = dk.load_model("tiny-llama", seed=0)
@@ -180,9 +182,8 @@ def trajectories(
     share_prefix = share_prefix and model.backend.supports_prefix  # a remote run keeps no cache
     groups = shared_prefix_groups(items) if share_prefix else [PrefixGroup([], list(range(len(items))), list(items))]
     bar = tqdm(total=len(items), desc=f"{lens_obj.name} lens", unit="prompt", disable=not progress, leave=False)
-    step_rows, topk_rows, target_rows = _read_batches(
-        model, lens_obj, plan, items, groups, names, batch_size=batch_size, top_k=top_k, budget_mb=budget_mb, bar=bar, keep=keep
-    )
+    step_rows, topk_rows, target_rows = _read_batches(model, lens_obj, plan, items, groups, names, batch_size=batch_size,
+        top_k=top_k, budget_mb=budget_mb, bar=bar, keep=keep, keep_contexts=keep_contexts)  # fmt: skip
     bar.close()
     return Trajectories(
         steps=_finish(step_rows, ["item", "position", "layer"]),
@@ -240,6 +241,7 @@ def _read_batches(
     budget_mb: float,
     bar: tqdm,
     keep: Callable[[Sequence[Item], Tensor], None] | None = None,
+    keep_contexts: ContextKeeper | None = None,
 ) -> tuple[list[pd.DataFrame], list[pd.DataFrame], list[pd.DataFrame]]:
     """Rows of the steps, top-k and targets tables, batch by batch, in the order run."""
     n_blocks = model.info.n_blocks
@@ -256,7 +258,8 @@ def _read_batches(
         # Items that continue a shared prefix run in padded rows over its cache;
         # the rest are packed end to end.
         cut = length_batches(group.items, batch_size) if prefix else packed_batches(group.items, batch_size)
-        reads = residual_batches(model, [[group.items[j] for j in local] for local in cut], needed, prefix=prefix, pack=prefix is None)
+        chunks = [[group.items[j] for j in local] for local in cut]
+        reads = residual_batches(model, chunks, needed, prefix=prefix, pack=prefix is None, contexts=keep_contexts)
         for local, resid in zip(cut, reads):
             batch = [group.indices[j] for j in local]
             chunk_items = [items[i] for i in batch]

@@ -27,6 +27,7 @@ import altair as alt
 
 from depthkit.core.files import atomic_write, cache_dir
 from depthkit.plots import tables
+from depthkit.plots.shell import running_shell
 
 RENDERER = "depthkit"
 # Output metadata key that marks the bundle output, so the book runner can drop it.
@@ -142,12 +143,7 @@ def enable(show_bundle: bool | None = None) -> None:
 
 
 def _in_kernel() -> bool:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and getattr(shell, "kernel", None) is not None
+    return getattr(running_shell(), "kernel", None) is not None
 
 
 # The charts, one module per group of chapters; imported here so that a notebook

@@ -14,6 +14,8 @@ from typing import Any
 
 import pandas as pd
 
+from depthkit.plots.shell import running_shell
+
 # What a missing value looks like in a rendered table (an em dash).
 MISSING = "\u2014"
 
@@ -33,12 +35,7 @@ def frame_html(frame: pd.DataFrame) -> str:
 def enable(shell: Any = None) -> None:
     """Show DataFrames in ``shell`` (default: the running IPython shell, if any)
     through :func:`frame_html`. Without a shell this does nothing."""
+    shell = running_shell() if shell is None else shell
     if shell is None:
-        try:
-            from IPython import get_ipython
-        except ImportError:
-            return
-        shell = get_ipython()
-        if shell is None:
-            return
+        return
     shell.display_formatter.formatters["text/html"].for_type(pd.DataFrame, frame_html)

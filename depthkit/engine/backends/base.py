@@ -48,6 +48,7 @@ class Backend(Protocol):
     network: Any
     config: Any
     supports_prefix: bool
+    keeps_cache: bool  # execute() can return its pass's key/value cache (ForwardWork.keep_cache)
 
     @property
     def device(self) -> torch.device: ...

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from depthkit.engine.attention import run_attention
 from depthkit.engine.backends.base import ReadoutParts
+from depthkit.engine.contexts import CACHE
 from depthkit.engine.work import Call, ForwardWork, SiteSteps
 
 if TYPE_CHECKING:
@@ -25,6 +26,12 @@ if TYPE_CHECKING:
 __all__ = ["BridgeBackend", "hook_name"]
 
 _HOOK = {"pre": "hook_resid_pre", "mid": "hook_resid_mid", "post": "hook_resid_post"}
+
+
+def _empty_cache() -> Any:
+    from transformers import DynamicCache
+
+    return DynamicCache()
 
 
 def hook_name(block: int, where: str) -> str:
@@ -41,6 +48,7 @@ class BridgeBackend:
 
     name = "bridge"
     supports_prefix = True
+    keeps_cache = True
 
     def __init__(self, bridge: TransformerBridge) -> None:
         self.network = bridge
@@ -81,10 +89,12 @@ class BridgeBackend:
         options: dict[str, Any] = {"attention_mask": attention_mask, "fwd_hooks": hooks, "logits_to_keep": 1}
         if position_ids is not None:
             options["position_ids"] = position_ids
-        if prefix is not None:
-            options.update(cache=prefix.cache_for(len(tokens)), use_cache=True)
+        if prefix is not None or work.keep_cache:
+            options.update(cache=prefix.cache_for(len(tokens)) if prefix is not None else _empty_cache(), use_cache=True)
         with run_attention(self.bridge):
             self.bridge.run_with_hooks(tokens, **options)
+        if work.keep_cache:
+            got[CACHE] = options["cache"]  # the forward pass appended this pass's states to it
         missing = [k for k in work.keys() if k not in got]
         if missing:
             raise RuntimeError(

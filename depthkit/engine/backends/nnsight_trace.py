@@ -67,6 +67,9 @@ class NNsightBackend:
         self.remote = remote
         self.layout: Layout = find_layout(hf_model)
         self.supports_prefix = not remote
+        # States saved inside a trace would have to travel back from the server; patched
+        # targets run their context again instead.
+        self.keeps_cache = False
         self._layers = submodule(lm, self.layout.layers)
         # The module that builds the attention masks and runs the blocks (e.g. `model`).
         self._body = submodule(lm, self.layout.layers.rsplit(".", 1)[0]) if "." in self.layout.layers else lm
