@@ -20,6 +20,8 @@ from depthkit.engine.capture import (
     patched_final_residuals,
     residual_rows,
 )
+from depthkit.engine.contexts import CACHE
+from depthkit.engine.work import ForwardWork, depth_site
 from depthkit.lens.base import LogitLens
 
 ARCHS = ["llama", "gpt2", "neox", "gemma3"]
@@ -152,6 +154,36 @@ def test_skip_block_removes_exactly_that_update(tiny_llama):
     torch.testing.assert_close(skipped[:2], base[:2])  # before the skipped block: unchanged
     torch.testing.assert_close(skipped[2], base[1])  # its output is its input
     assert (skipped[-1] - base[-1]).abs().max() > 1e-3  # later blocks see the change
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_pass_ends_at_its_last_site(tiny_models, arch):
+    """A pass runs no block after its last read, nor the final norm and unembedding
+    (the model's own logits are never read), with the same residuals; a pass that
+    keeps its cache runs every block. The model is whole again afterwards."""
+    model = tiny_models[arch]
+    bridge, items, L = model.backend.bridge, _items(model), model.cfg.n_layers
+    ran: list[str] = []
+    handles = [bridge.unembed.register_forward_pre_hook(lambda *a: ran.append("unembed"))]
+    handles += [blk.register_forward_pre_hook(lambda *a, b=b: ran.append(f"block {b}")) for b, blk in enumerate(bridge.blocks)]
+    try:
+        full = collect_residuals(model, items)
+        assert ran == [f"block {b}" for b in range(L)]  # every block, no unembedding
+        ran.clear()
+        early = collect_residuals(model, items, [0, 1])
+        assert ran == ["block 0", "block 1"]  # block 1's input is the last site
+        torch.testing.assert_close(early, full[[0, 1]])
+        ran.clear()
+        work = ForwardWork(keep_cache=True).read("h", depth_site(1, L), torch.tensor([0]), torch.tensor([0]))
+        got = model.backend.execute(torch.tensor([items[0].tokens]), torch.ones(1, len(items[0].tokens), dtype=torch.long), work)
+        assert ran == [f"block {b}" for b in range(L)] + ["unembed"] and len(got[CACHE].layers) == L
+    finally:
+        for h in handles:
+            h.remove()
+    ids = torch.tensor([items[0].tokens])
+    logits = bridge(ids)
+    assert logits.shape == (1, len(items[0].tokens), model.cfg.d_vocab)
+    assert not any(hp.fwd_hooks for hp in bridge.hook_dict.values())  # the stopped passes left no hook behind
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -4,6 +4,12 @@ A :class:`~depthkit.engine.work.ForwardWork` becomes one hook per site (named as
 TransformerLens names them, ``blocks.{b}.hook_resid_pre|mid|post``) doing that
 site's steps in order. Attention runs as the model's own fused module where the
 architecture allows (:mod:`depthkit.engine.attention`).
+
+A pass returns only what its sites read, so it ends at its last site: the blocks
+after it, the final norm and the unembedding never run (the model's own logits of
+the last position cost a product with the whole unembedding every pass: 12 % of
+chapter 02 on Gemma 3, whose vocabulary has 262k tokens). A pass that keeps its
+key/value cache runs every block, so that the cache covers all of them.
 """
 
 from __future__ import annotations
@@ -26,6 +32,10 @@ if TYPE_CHECKING:
 __all__ = ["BridgeBackend", "hook_name"]
 
 _HOOK = {"pre": "hook_resid_pre", "mid": "hook_resid_mid", "post": "hook_resid_post"}
+
+
+class _PassDone(Exception):
+    """Raised by the hook of a pass's last site: nothing after it is needed."""
 
 
 def _empty_cache() -> Any:
@@ -82,7 +92,11 @@ class BridgeBackend:
     ) -> dict[str, Float[Tensor, "row d_model"]]:
         got: dict[str, Tensor] = {}
         stash: dict[int, Tensor] = {}
-        hooks = [(hook_name(s.block, s.where), self._site_hook(s, got, stash)) for s in work.steps()]
+        steps = work.steps()
+        n_blocks = self.bridge.cfg.n_layers
+        # A kept cache must cover every block; otherwise stop once the last site is done.
+        stop = bool(steps) and (not work.keep_cache or (steps[-1].block, steps[-1].where) == (n_blocks - 1, "post"))
+        hooks = [(hook_name(s.block, s.where), self._site_hook(s, got, stash, stop and s is steps[-1])) for s in steps]
         # logits_to_keep=1: the model's full-sequence logits are never needed (readouts
         # are recomputed at the positions of interest) and would cost
         # batch x seq x vocab floats.
@@ -91,8 +105,11 @@ class BridgeBackend:
             options["position_ids"] = position_ids
         if prefix is not None or work.keep_cache:
             options.update(cache=prefix.cache_for(len(tokens)) if prefix is not None else _empty_cache(), use_cache=True)
-        with run_attention(self.bridge):
-            self.bridge.run_with_hooks(tokens, **options)
+        try:
+            with run_attention(self.bridge):
+                self.bridge.run_with_hooks(tokens, **options)
+        except _PassDone:
+            pass  # run_with_hooks removes its hooks on the way out
         if work.keep_cache:
             got[CACHE] = options["cache"]  # the forward pass appended this pass's states to it
         missing = [k for k in work.keys() if k not in got]
@@ -108,7 +125,7 @@ class BridgeBackend:
         for c in calls:
             yield self.execute(c.tokens, c.attention_mask, c.work, position_ids=c.position_ids, prefix=c.prefix)
 
-    def _site_hook(self, steps: SiteSteps, got: dict[str, Tensor], stash: dict[int, Tensor]) -> Callable:
+    def _site_hook(self, steps: SiteSteps, got: dict[str, Tensor], stash: dict[int, Tensor], last: bool) -> Callable:
         out_device = self.out_device
 
         def hook(x: Tensor, hook: Any) -> Tensor:  # noqa: ARG001 - TransformerLens hook signature
@@ -122,6 +139,8 @@ class BridgeBackend:
                     x[rows.to(x.device), positions.to(x.device)] = vectors.to(device=x.device, dtype=x.dtype)
             for key, rows, positions in steps.reads:
                 got[key] = x[rows.to(x.device), positions.to(x.device)].detach().float().to(out_device)
+            if last:
+                raise _PassDone
             return x
 
         return hook
