@@ -21,12 +21,10 @@ Figures move with other load on the machine: the load average is printed with th
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -36,8 +34,7 @@ import torch.nn.functional as F  # noqa: E402
 import depthkit as dk  # noqa: E402
 from depthkit.analyses import mcq  # noqa: E402
 from depthkit.chapters import ch02_mcq_collection_vs_reasoning as ch  # noqa: E402
-
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "02_mcq_collection_vs_reasoning.ipynb"
+from depthkit.chapters.specs import chapter, notebook_defaults  # noqa: E402
 
 
 class Work:
@@ -98,10 +95,7 @@ def ceiling_gflops(shape: tuple[int, int], rows: int = 1024, repeats: int = 5) -
 
 
 def chapter_params(model: str, examples: int | None) -> dict:
-    nb = json.loads(NOTEBOOK.read_text())
-    cell = next(c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", []))
-    ns: dict = {}
-    exec("".join(cell["source"]), ns)  # the notebook's own defaults
+    ns = notebook_defaults(chapter("02"))  # the notebook's own defaults
     ns["model"] = model
     if examples is not None:
         ns["n_examples"] = examples

@@ -95,6 +95,15 @@ def test_contexts_past_the_budget_run_again_with_the_same_result(tiny_llama):
                                patched_final_residuals(tiny_llama, targets, layers, vectors), rtol=0, atol=1e-5)
 
 
+def test_a_prompt_twice_in_one_pass_is_kept_and_counted_once(tiny_llama):
+    seqs = _prompts(tiny_llama.info.d_vocab)
+    every = list(_kept(tiny_llama, seqs).contexts.values())
+    total = sum(c.own_bytes for c in every) + next(c.prefix for c in every if c.prefix is not None).nbytes
+    # Room for every distinct context exactly: a duplicate charged twice would push the last ones out.
+    twice = _kept(tiny_llama, [s for s in seqs for _ in range(2)], context_mb=(total + 0.5) / 2**20)
+    assert sorted(twice.contexts) == sorted(tuple(s) for s in seqs)
+
+
 def test_only_the_declared_targets_keep_a_context(tiny_llama):
     seqs = _prompts(tiny_llama.info.d_vocab)
     runs = CleanRuns(tiny_llama, targets=seqs[1:3])

@@ -83,6 +83,23 @@ def test_fast_readout_matches_lens_readout(model):
     torch.testing.assert_close(Readout(model, torch.float32)(h), lens.readout(h), rtol=1e-5, atol=1e-5)
 
 
+def test_low_precision_readout_reuses_its_scratch_and_gives_the_plain_products(model):
+    readout = Readout(model, torch.bfloat16)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, model.cfg.d_model, generator=g)
+    buf = torch.empty(6 * model.cfg.d_vocab)
+    z = readout.project(x, out=buf)
+    want = (x.to(torch.bfloat16) @ readout.W).float()
+    if readout.b is not None:
+        want += readout.b
+    assert torch.equal(z, want)
+    spare = readout._spare.data_ptr()
+    grad = torch.randn(6, model.cfg.d_vocab, generator=g)
+    assert torch.equal(readout.project_back(grad), (grad.to(torch.bfloat16) @ readout.W.T).float())
+    readout.project(x[:3], out=buf)
+    assert readout._spare.data_ptr() == spare  # no fresh vocabulary-sized allocation
+
+
 def test_heldout_kl_matches_direct_computation(model):
     lens = TunedLens(model)
     with torch.no_grad():

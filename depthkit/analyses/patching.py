@@ -107,6 +107,8 @@ class CleanRuns:
     def keep_context(self, context: KeptContext) -> None:
         """Keep ``context`` (of a prompt :meth:`wants_context` asked for) while room is left;
         a shared prefix counts once, however many contexts continue it."""
+        if token_key(context.prompt) in self.contexts:
+            return  # the same prompt twice in one pass: its states are kept, and counted, once
         new_prefix = context.prefix is not None and id(context.prefix) not in self._prefixes
         size = context.own_bytes + (context.prefix.nbytes if new_prefix else 0)  # type: ignore[union-attr]
         if size > self._room:

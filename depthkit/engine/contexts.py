@@ -84,12 +84,17 @@ class ContextBatch:
         return self.cache
 
 
+def empty_cache() -> Any:
+    """A fresh Hugging Face key/value cache, for a pass that keeps its states."""
+    from transformers import DynamicCache  # the import costs seconds; most runs never need it
+
+    return DynamicCache()
+
+
 def context_batch(contexts: Sequence[KeptContext]) -> ContextBatch:
     """``contexts`` as one :class:`ContextBatch`, in their order."""
-    from transformers import DynamicCache
-
     lengths = [len(c.prompt) - 1 for c in contexts]
-    cache = DynamicCache()
+    cache = empty_cache()
     for layer in range(len(contexts[0].own)):
         parts = [c.states(layer) for c in contexts]
         k0 = parts[0][0]

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -148,14 +148,23 @@ def _kept_call(model: Model, batch: list[tuple[KeptContext, list[int]]], layers:
     flat = [r for _, chunk in batch for r in chunk]
     row = torch.cat([torch.full((len(chunk),), i) for i, (_, chunk) in enumerate(batch)])
     col = torch.cat([torch.arange(len(chunk)) for _, chunk in batch])
-    at, vec = torch.tensor([layers[r] for r in flat]), vectors[flat]
-    work = ForwardWork()
-    for depth in sorted(set(at.tolist())):
-        sel = torch.nonzero(at == depth).flatten()
-        work.write(depth_site(depth, n_blocks), row[sel], col[sel], vec[sel])
-    work.read("final", depth_site(n_blocks, n_blocks), row, col)
+    work = _patch_work(n_blocks, torch.tensor([layers[r] for r in flat]), row, col, vectors[flat])
     position_ids = lengths[:, None].expand(-1, n).to(device)
     return Call(ids, mask.to(device), work, position_ids, contexts)
+
+
+def _patch_work(
+    n_blocks: int, depths: Int[Tensor, " row"], rows: Int[Tensor, " row"], positions: Int[Tensor, " row"],
+    vectors: Float[Tensor, "row d_model"],
+) -> ForwardWork:  # fmt: skip
+    """``vectors[k]`` written at ``(rows[k], positions[k])`` at depth ``depths[k]``, and
+    the final residual of every such position read as ``"final"``, in that order. A
+    patch at depth L comes before the read at the same site, so it is what is read out."""
+    work = ForwardWork()
+    for depth in sorted(set(depths.tolist())):
+        sel = torch.nonzero(depths == depth).flatten()
+        work.write(depth_site(depth, n_blocks), rows[sel], positions[sel], vectors[sel])
+    return work.read("final", depth_site(n_blocks, n_blocks), rows, positions)
 
 
 def _patch_rows(
@@ -198,13 +207,6 @@ def _patch_call(
             "full_attention": mask,
             "sliding_attention": copy_attention_mask(n_prefix, len(context), n_copies, window).to(device),
         }
-    n_blocks = model.info.n_blocks
-    at = torch.tensor(layers)
-    work = ForwardWork()
-    # A patch at depth L comes before the read at the same site, so it is what is read out.
-    for depth in sorted(set(layers)):
-        sel = torch.nonzero(at == depth).flatten()
-        work.write(depth_site(depth, n_blocks), torch.zeros_like(sel), len(context) + sel, vec[sel])
     copies = torch.arange(len(context), len(context) + n_copies)
-    work.read("final", depth_site(n_blocks, n_blocks), torch.zeros_like(copies), copies)
+    work = _patch_work(model.info.n_blocks, torch.tensor(layers), torch.zeros_like(copies), copies, vec)
     return Call(ids, mask, work, position_ids, prefix)

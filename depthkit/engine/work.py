@@ -19,11 +19,12 @@ its input, then vectors are written, then rows are read.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from jaxtyping import Float, Int
 from torch import Tensor
 
-__all__ = ["WHERE", "Call", "ForwardWork", "SiteSteps", "depth_site"]
+__all__ = ["WHERE", "Call", "Continued", "ForwardWork", "SiteSteps", "depth_site"]
 
 # Sites within a block, in the order the forward pass reaches them.
 WHERE = ("pre", "mid", "post")
@@ -56,10 +57,11 @@ class SiteSteps:
 class ForwardWork:
     """The reads, writes and removed block of one forward pass (see the module
     docstring). Build it with :meth:`read`, :meth:`write` and :meth:`skip`; backends
-    walk :meth:`steps`. ``stop_after_reads``: the pass may stop once the last read
-    is done (a truncated forward pass; nothing after it is needed). ``keep_cache``:
-    also return the pass's key/value cache, under
-    :data:`depthkit.engine.contexts.CACHE` (backends with ``keeps_cache`` only).
+    walk :meth:`steps`. A pass returns only what its sites read, so backends end it
+    at its last site (:meth:`ends_at_last_site`). ``keep_cache``: also return the
+    pass's key/value cache, under :data:`depthkit.engine.contexts.CACHE` (backends
+    with ``keeps_cache`` only); such a pass runs every block, so the cache covers
+    all of them.
 
     >>> import torch
     >>> work = ForwardWork().read("h2", (2, "pre"), torch.tensor([0]), torch.tensor([3]))
@@ -68,7 +70,6 @@ class ForwardWork:
     """
 
     sites: dict[tuple[int, str], SiteSteps] = field(default_factory=dict)
-    stop_after_reads: bool = False
     keep_cache: bool = False
 
     def _site(self, site: tuple[int, str]) -> SiteSteps:
@@ -103,19 +104,50 @@ class ForwardWork:
         """The sites in the order the forward pass reaches them."""
         return [self.sites[k] for k in sorted(self.sites, key=lambda k: (k[0], WHERE.index(k[1])))]
 
+    def ends_at_last_site(self, n_blocks: int) -> bool:
+        """Whether a backend may end the pass once its last site is done: nothing after
+        that site is read, unless the pass keeps a cache that must cover all
+        ``n_blocks`` blocks and the last site comes before the last block's output.
+
+        >>> import torch
+        >>> work = ForwardWork().read("h", (1, "pre"), torch.tensor([0]), torch.tensor([0]))
+        >>> work.ends_at_last_site(4), ForwardWork(work.sites, keep_cache=True).ends_at_last_site(4)
+        (True, False)
+        """
+        steps = self.steps()
+        if not steps:
+            return False
+        return not self.keep_cache or (steps[-1].block, steps[-1].where) == (n_blocks - 1, "post")
+
     def keys(self) -> list[str]:
         """The keys of every read, in the order they are done."""
         return [key for s in self.steps() for key, _, _ in s.reads]
 
 
+class Continued(Protocol):
+    """Key/value states a pass continues instead of running their tokens again: a
+    :class:`~depthkit.engine.prefix.SharedPrefix` (one prefix for every row) or a
+    :class:`~depthkit.engine.contexts.ContextBatch` (one kept context per row)."""
+
+    @property
+    def length(self) -> int:
+        """Key columns before the pass's own tokens."""
+        ...
+
+    def cache_for(self, batch: int) -> Any:
+        """The backend's cache object for a pass of ``batch`` rows, which the pass may
+        append to."""
+        ...
+
+
 @dataclass
 class Call:
-    """One forward pass: its inputs and its :class:`ForwardWork`. ``prefix``: a
-    :class:`~depthkit.engine.prefix.SharedPrefix` the tokens continue
-    (``attention_mask`` then covers the prefix's columns too)."""
+    """One forward pass: its inputs and its :class:`ForwardWork`. ``prefix``: the
+    key/value states the tokens continue (``attention_mask`` then covers their
+    columns too)."""
 
     tokens: Int[Tensor, "batch seq"]
     attention_mask: Tensor | dict[str, Tensor]
     work: ForwardWork
     position_ids: Int[Tensor, "batch seq"] | None = None
-    prefix: object = None
+    prefix: Continued | None = None

@@ -92,6 +92,8 @@ class Readout:
         # Float32 rows of the unembedding, made on the first sampled back-projection
         # only: most readouts never need this second copy.
         self.rows: Float[Tensor, "d_vocab d_model"] | None = None
+        # Scratch in a lower precision than float32, reused by every product (see _low).
+        self._spare: Tensor | None = None
         # Whether every readout goes through W (a Readout with a dtype), or only
         # products written into a caller's buffer (below) while the rest call the module.
         self.own_copy = dtype is not None
@@ -141,7 +143,7 @@ class Readout:
         elif self.dtype == torch.float32:
             z = torch.mm(x2, self.W, out=out[: x2.shape[0] * v].view(-1, v))
         else:
-            z = out[: x2.shape[0] * v].view(-1, v).copy_(x2 @ self.W)
+            z = out[: x2.shape[0] * v].view(-1, v).copy_(torch.mm(x2, self.W, out=self._low(x2.shape[0], v)))
         if self.b is not None:
             z += self.b
         return z.view(*x.shape[:-1], v)
@@ -150,7 +152,17 @@ class Readout:
         """The gradient of :meth:`project` w.r.t. its input: ``g`` times the
         transposed unembedding, in the readout's dtype, returned as float32."""
         assert self.W is not None, "project_back() needs a Readout with a dtype"
-        return (g.reshape(-1, g.shape[-1]).to(self.dtype) @ self.W.T).float().view(*g.shape[:-1], self.W.shape[0])
+        g2 = g.reshape(-1, g.shape[-1])
+        if self.dtype != torch.float32:
+            g2 = self._low(*g2.shape).copy_(g2)
+        return (g2 @ self.W.T).float().view(*g.shape[:-1], self.W.shape[0])
+
+    def _low(self, rows: int, cols: int) -> Tensor:
+        """A ``[rows, cols]`` scratch matrix in the readout's dtype, reused from call to
+        call: a fresh vocabulary-sized one costs a round of page faults each time."""
+        if self._spare is None or self._spare.numel() < rows * cols:
+            self._spare = torch.empty(rows * cols, dtype=self.dtype, device=self.W.device)  # type: ignore[union-attr]
+        return self._spare[: rows * cols].view(rows, cols)
 
     def project_back_sampled(
         self, g: Float[Tensor, "... d_vocab"], samples: int, gen: torch.Generator, chunk: int = 512

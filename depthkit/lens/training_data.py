@@ -50,7 +50,7 @@ class TrainConfig:
     init: Literal["ridge", "zero", "lens"] = "ridge"
     ridge: float = 1e-3  # ridge penalty, relative to the mean variance of h_ℓ
     # Adam steps on the KL after the closed-form start, linear decay from ``lr``. On
-    # smollm2-135m (2 AVX-512 cores, native bfloat16 products) 100 steps take 3.3 min and
+    # smollm2-135m (2 AVX-512 cores, native bfloat16 products) 100 steps take 2.8 min and
     # lower the mean held-out KL from 2.54 nats (ridge start) to 1.96. 75 steps from
     # 1.333e-4 are within 0.9 % of that at every layer there, but 2-16 % worse on
     # gemma3-270m (`benchmarks/tuned_lens.py --compare`), so the default keeps 100.

@@ -11,7 +11,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from depthkit.engine.work import Call, ForwardWork
+from depthkit.engine.work import Call, Continued, ForwardWork
 
 __all__ = ["BACKENDS", "Backend", "ReadoutParts"]
 
@@ -68,11 +68,12 @@ class Backend(Protocol):
         work: ForwardWork,
         *,
         position_ids: Int[Tensor, "batch seq"] | None = None,
-        prefix: Any = None,
+        prefix: Continued | None = None,
     ) -> dict[str, Float[Tensor, "row d_model"]]:
-        """Run one pass doing ``work``; the reads by key, float32 on :attr:`out_device`.
-        ``prefix``: a :class:`~depthkit.engine.prefix.SharedPrefix` the tokens
-        continue (``attention_mask`` then covers the prefix's columns too)."""
+        """Run one pass doing ``work``, ending it at its last site where
+        :meth:`~depthkit.engine.work.ForwardWork.ends_at_last_site` allows; the reads
+        by key, float32 on :attr:`out_device`. ``prefix``: the key/value states the
+        tokens continue (``attention_mask`` then covers their columns too)."""
         ...
 
     def execute_all(self, calls: Iterable[Call]) -> Iterator[dict[str, Float[Tensor, "row d_model"]]]:

@@ -5,11 +5,10 @@ TransformerLens names them, ``blocks.{b}.hook_resid_pre|mid|post``) doing that
 site's steps in order. Attention runs as the model's own fused module where the
 architecture allows (:mod:`depthkit.engine.attention`).
 
-A pass returns only what its sites read, so it ends at its last site: the blocks
-after it, the final norm and the unembedding never run (the model's own logits of
-the last position cost a product with the whole unembedding every pass: 12 % of
-chapter 02 on Gemma 3, whose vocabulary has 262k tokens). A pass that keeps its
-key/value cache runs every block, so that the cache covers all of them.
+A pass ends at its last site (:meth:`~depthkit.engine.work.ForwardWork.ends_at_last_site`):
+the blocks after it, the final norm and the unembedding never run. The model's own
+logits would cost a product with the whole unembedding every pass, which on a
+262k-token vocabulary (Gemma 3) is a large share of a short pass.
 """
 
 from __future__ import annotations
@@ -23,8 +22,8 @@ from torch import Tensor
 
 from depthkit.engine.attention import run_attention
 from depthkit.engine.backends.base import ReadoutParts
-from depthkit.engine.contexts import CACHE
-from depthkit.engine.work import Call, ForwardWork, SiteSteps
+from depthkit.engine.contexts import CACHE, empty_cache
+from depthkit.engine.work import Call, Continued, ForwardWork, SiteSteps
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -36,12 +35,6 @@ _HOOK = {"pre": "hook_resid_pre", "mid": "hook_resid_mid", "post": "hook_resid_p
 
 class _PassDone(Exception):
     """Raised by the hook of a pass's last site: nothing after it is needed."""
-
-
-def _empty_cache() -> Any:
-    from transformers import DynamicCache
-
-    return DynamicCache()
 
 
 def hook_name(block: int, where: str) -> str:
@@ -88,23 +81,20 @@ class BridgeBackend:
         work: ForwardWork,
         *,
         position_ids: Int[Tensor, "batch seq"] | None = None,
-        prefix: Any = None,
+        prefix: Continued | None = None,
     ) -> dict[str, Float[Tensor, "row d_model"]]:
         got: dict[str, Tensor] = {}
         stash: dict[int, Tensor] = {}
         steps = work.steps()
-        n_blocks = self.bridge.cfg.n_layers
-        # A kept cache must cover every block; otherwise stop once the last site is done.
-        stop = bool(steps) and (not work.keep_cache or (steps[-1].block, steps[-1].where) == (n_blocks - 1, "post"))
+        stop = work.ends_at_last_site(self.bridge.cfg.n_layers)
         hooks = [(hook_name(s.block, s.where), self._site_hook(s, got, stash, stop and s is steps[-1])) for s in steps]
-        # logits_to_keep=1: the model's full-sequence logits are never needed (readouts
-        # are recomputed at the positions of interest) and would cost
-        # batch x seq x vocab floats.
+        # logits_to_keep=1: a pass that runs to the end (one keeping its cache) would
+        # otherwise compute batch x seq x vocab logits that nothing reads.
         options: dict[str, Any] = {"attention_mask": attention_mask, "fwd_hooks": hooks, "logits_to_keep": 1}
         if position_ids is not None:
             options["position_ids"] = position_ids
         if prefix is not None or work.keep_cache:
-            options.update(cache=prefix.cache_for(len(tokens)) if prefix is not None else _empty_cache(), use_cache=True)
+            options.update(cache=prefix.cache_for(len(tokens)) if prefix is not None else empty_cache(), use_cache=True)
         try:
             with run_attention(self.bridge):
                 self.bridge.run_with_hooks(tokens, **options)

@@ -30,7 +30,7 @@ from torch import Tensor
 from depthkit.engine.backends.base import ReadoutParts
 from depthkit.engine.backends.layout import Layout, find_layout, submodule
 from depthkit.engine.backends.remote import RemoteRunError, RequestStore
-from depthkit.engine.work import Call, ForwardWork, depth_site
+from depthkit.engine.work import Call, Continued, ForwardWork, depth_site
 
 __all__ = ["NNsightBackend", "wrap"]
 
@@ -103,7 +103,7 @@ class NNsightBackend:
         work: ForwardWork,
         *,
         position_ids: Int[Tensor, "batch seq"] | None = None,
-        prefix: Any = None,
+        prefix: Continued | None = None,
     ) -> dict[str, Float[Tensor, "row d_model"]]:
         return next(self.execute_all([Call(tokens, attention_mask, work, position_ids, prefix)]))
 
@@ -144,7 +144,7 @@ class NNsightBackend:
                 "to read (site 'mid')."
             )
         plan = [(s.block, s.where, s.skip, s.stash, list(s.writes), list(s.reads)) for s in steps]
-        return call.tokens, kwargs, per_type, plan, call.work.stop_after_reads
+        return call.tokens, kwargs, per_type, plan, call.work.ends_at_last_site(self.n_blocks)
 
     def _remote_answers(self, requests: list[tuple]) -> list[dict[str, Tensor]]:
         """Answers of ``requests``: those kept from earlier runs, the rest fetched in one request."""
@@ -225,7 +225,7 @@ class NNsightBackend:
         for tokens, mask, depth in runs:
             b, s = tokens.shape
             rows, positions = torch.arange(b).repeat_interleave(s), torch.arange(s).repeat(b)
-            work = ForwardWork(stop_after_reads=True).read("h", depth_site(int(depth), self.n_blocks), rows, positions)
+            work = ForwardWork().read("h", depth_site(int(depth), self.n_blocks), rows, positions)
             calls.append(Call(tokens, torch.ones_like(tokens) if mask is None else mask, work))
         for call, got in zip(calls, self.execute_all(calls)):
             yield got["h"].view(*call.tokens.shape, -1)
