@@ -72,13 +72,34 @@ def test_kept_contexts_run_only_the_copies_several_targets_a_pass(tiny_llama, mo
     torch.testing.assert_close(split, whole, rtol=0, atol=1e-5)
 
 
-def test_a_model_with_sliding_window_layers_keeps_no_context_and_patches_as_before(tiny_models):
-    model = tiny_models["gemma3"]
-    assert not can_keep(model)
+def test_a_model_with_sliding_window_layers_keeps_the_contexts_its_window_holds(tiny_models):
+    model = tiny_models["gemma3"]  # sliding window of 32 positions
+    assert not can_keep(model) and can_keep(model, 31) and not can_keep(model, 32)
     seqs = _prompts(model.info.d_vocab)
+    plain = dk.trajectories(model, [Item(s, [len(s) - 1]) for s in seqs], progress=False)
+    runs = CleanRuns(model, targets=seqs)
+    kept = dk.trajectories(model, [Item(s, [len(s) - 1]) for s in seqs], keep=runs.keep, keep_contexts=runs, progress=False)
+    pd.testing.assert_frame_equal(kept.targets, plain.targets, check_exact=True)  # keeping states changes no result
+    # The three packed prompts share a row of 28 positions; the cached prefix and its tails make 52.
+    assert sorted(runs.contexts) == sorted(tuple(s) for s in seqs[3:])
+    targets, layers, vectors = _rows(model, seqs)
+    got = patched_final_residuals(model, targets, layers, vectors, contexts=runs.contexts)
+    torch.testing.assert_close(got, patched_final_residuals(model, targets, layers, vectors), rtol=0, atol=1e-5)
+    for r in range(0, len(targets), 7):
+        torch.testing.assert_close(got[r], hooked_patch(model, targets[r], layers[r], vectors[r]), rtol=0, atol=1e-4)
+
+
+def test_a_context_longer_than_a_sliding_window_is_not_used(tiny_models, monkeypatch):
+    import depthkit.engine.capture as capture_module
+
+    model = tiny_models["gemma3"]
+    seqs = _prompts(model.info.d_vocab)
+    # Kept as if the window allowed it: states of every position, every layer.
+    monkeypatch.setattr(capture_module, "can_keep", lambda m, columns=None: True)
     runs = _kept(model, seqs)
-    assert runs.contexts == {}
-    targets, layers, vectors = _rows(model, seqs[:2])
+    assert len(runs.contexts) == len(seqs)
+    monkeypatch.undo()
+    targets, layers, vectors = _rows(model, seqs[:3])  # 43-52 tokens: past the window
     torch.testing.assert_close(patched_final_residuals(model, targets, layers, vectors, contexts=runs.contexts),
                                patched_final_residuals(model, targets, layers, vectors), rtol=0, atol=0)
 

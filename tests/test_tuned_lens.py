@@ -93,11 +93,11 @@ def test_low_precision_readout_reuses_its_scratch_and_gives_the_plain_products(m
     if readout.b is not None:
         want += readout.b
     assert torch.equal(z, want)
-    spare = readout._spare.data_ptr()
+    spare = readout.scratch.buf.data_ptr()
     grad = torch.randn(6, model.cfg.d_vocab, generator=g)
     assert torch.equal(readout.project_back(grad), (grad.to(torch.bfloat16) @ readout.W.T).float())
     readout.project(x[:3], out=buf)
-    assert readout._spare.data_ptr() == spare  # no fresh vocabulary-sized allocation
+    assert readout.scratch.buf.data_ptr() == spare  # no fresh vocabulary-sized allocation
 
 
 def test_heldout_kl_matches_direct_computation(model):

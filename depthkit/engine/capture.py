@@ -153,25 +153,26 @@ def residual_runs(
     layers = list(range(model.info.n_blocks + 1)) if layers is None else list(layers)
     if pack and prefix is not None:
         raise ValueError("Packed rows cannot continue a shared prefix; pass pack=False.")
-    keeper = contexts if contexts is not None and can_keep(model) else None
-    # A run with a block removed is not the prompt's own run: its states are not kept.
-    wanted = [_wanted(keeper, items, prefix) if skip is None else [] for items, skip in runs]
     calls = [_residual_call(model, items, layers, skip, prefix, pack) for items, skip in runs]
+    wanted = [_wanted(model, contexts, items, skip, call, prefix) for (items, skip), call in zip(runs, calls)]
     for call, w in zip(calls, wanted):
         call.work.keep_cache = bool(w)
     for (items, _), w, call, got in zip(runs, wanted, calls, model.backend.execute_all(calls)):
         if w:
             _, rows, columns = call.work.steps()[0].reads[0]  # every depth reads the same rows
             for ctx in contexts_of_run(got.pop(CACHE), items, w, rows, columns, prefix):
-                keeper.keep_context(ctx)  # type: ignore[union-attr]
+                contexts.keep_context(ctx)  # type: ignore[union-attr]
         yield torch.stack([got[str(d)] for d in layers])
 
 
-def _wanted(keeper: ContextKeeper | None, items: Sequence[Item], prefix: SharedPrefix | None) -> list[int]:
-    """The items whose context ``keeper`` wants: those that read their last token and
-    have a context (a token before it)."""
+def _wanted(
+    model: Model, keeper: ContextKeeper | None, items: Sequence[Item], skip_block: int | None, call: Call, prefix: SharedPrefix | None
+) -> list[int]:
+    """The items of one run whose context ``keeper`` wants: those that read their last
+    token and have a context (a token before it). None where the run removes a block
+    (it is not the prompt's own run) or the model cannot hand out its states."""
     head = prefix.tokens if prefix is not None else []
-    if keeper is None:
+    if keeper is None or skip_block is not None or not can_keep(model, len(head) + call.tokens.shape[1]):
         return []
     return [i for i, it in enumerate(items)
             if len(it.tokens) - 1 in it.positions and len(head) + len(it.tokens) >= 2 and keeper.wants_context(head + list(it.tokens))]  # fmt: skip

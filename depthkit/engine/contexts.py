@@ -17,9 +17,10 @@ and the patched runs then feed only copies of the last token
 * :func:`context_batch`: several kept contexts as one cache (a :class:`ContextBatch`),
   for one pass that continues each in its own row.
 
-Only models whose every attention layer keeps all positions qualify: a
-sliding-window layer's cache drops old positions, so its columns no longer line up
-with the prompt's tokens. Other models run their patched targets' context again.
+A sliding-window layer's cache drops positions older than its window, so its
+columns no longer line up with the prompt's tokens: a model with such layers keeps
+the contexts of passes shorter than the window only, and runs its other patched
+targets' context again.
 """
 
 from __future__ import annotations
@@ -114,9 +115,16 @@ class ContextKeeper(Protocol):
     def keep_context(self, context: KeptContext) -> None: ...
 
 
-def can_keep(model: Model) -> bool:
-    """Whether ``model``'s passes can hand out their key/value states for later runs."""
-    return bool(getattr(model.backend, "keeps_cache", False)) and _sliding_window(model) is None
+def can_keep(model: Model, columns: int | None = None) -> bool:
+    """Whether ``model``'s passes (of ``columns`` key positions, a continued prefix
+    included) can hand out their key/value states for later runs. A model with
+    sliding-window layers can when a pass is shorter than the window: then no
+    layer has dropped a position, and a later run's last token still sees every
+    context token, as those layers would let it."""
+    if not getattr(model.backend, "keeps_cache", False):
+        return False
+    window = _sliding_window(model)
+    return window is None or (columns is not None and columns < window)
 
 
 def contexts_of_run(

@@ -32,7 +32,7 @@ from depthkit.engine.batching import (
     shared_prefix_groups,
     token_key,
 )
-from depthkit.engine.contexts import KeptContext, context_batch
+from depthkit.engine.contexts import KeptContext, can_keep, context_batch
 from depthkit.engine.prefix import SharedPrefix, encode_prefix
 from depthkit.engine.work import Call, ForwardWork, depth_site
 
@@ -95,7 +95,10 @@ def patched_final_residuals(
         rows_of.setdefault(token_key(seq), []).append(r)
     size = int(run["batch_size"])
     bar = tqdm(total=n, desc="patching", unit="run", disable=not run["progress"], leave=False)
-    kept = [(contexts[k], rows_of.pop(k)) for k in list(rows_of) if contexts is not None and k in contexts]
+    # A sliding-window layer lets the last token see only so far back: a kept context
+    # longer than that would show it more (can_keep; the contexts of such runs are never kept).
+    usable = {k: c for k, c in (contexts or {}).items() if can_keep(model, len(c.prompt))}
+    kept = [(usable[k], rows_of.pop(k)) for k in list(rows_of) if k in usable]
     _patch_kept(model, out, kept, layers, vectors, bar)
     targets = [Item(list(seq), [len(seq) - 1]) for seq in rows_of]
     rows_of_target = list(rows_of.values())  # in the order of ``targets``

@@ -30,6 +30,11 @@ __all__ = ["WHERE", "Call", "Continued", "ForwardWork", "SiteSteps", "depth_site
 WHERE = ("pre", "mid", "post")
 
 
+def _reached(site: tuple[int, str]) -> tuple[int, int]:
+    """Sort key of a ``(block, where)`` site: the order a forward pass reaches it."""
+    return site[0], WHERE.index(site[1])
+
+
 def depth_site(depth: int, n_blocks: int) -> tuple[int, str]:
     """The site of residual depth ``depth`` (0..L).
 
@@ -102,7 +107,7 @@ class ForwardWork:
 
     def steps(self) -> list[SiteSteps]:
         """The sites in the order the forward pass reaches them."""
-        return [self.sites[k] for k in sorted(self.sites, key=lambda k: (k[0], WHERE.index(k[1])))]
+        return [self.sites[k] for k in sorted(self.sites, key=_reached)]
 
     def ends_at_last_site(self, n_blocks: int) -> bool:
         """Whether a backend may end the pass once its last site is done: nothing after
@@ -114,10 +119,9 @@ class ForwardWork:
         >>> work.ends_at_last_site(4), ForwardWork(work.sites, keep_cache=True).ends_at_last_site(4)
         (True, False)
         """
-        steps = self.steps()
-        if not steps:
+        if not self.sites:
             return False
-        return not self.keep_cache or (steps[-1].block, steps[-1].where) == (n_blocks - 1, "post")
+        return not self.keep_cache or max(self.sites, key=_reached) == (n_blocks - 1, "post")
 
     def keys(self) -> list[str]:
         """The keys of every read, in the order they are done."""

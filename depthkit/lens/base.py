@@ -67,6 +67,24 @@ def layer_plan(n_blocks: int, convention: Convention = "canonical") -> list[Laye
     raise ValueError(f"Unknown layer convention {convention!r}; choose one of {', '.join(CONVENTIONS)}.")
 
 
+class Workspace:
+    """One buffer, reused for every product a caller writes into it (the logits of
+    each chunk decoded, a readout's low-precision products): a fresh
+    vocabulary-sized tensor each time costs a round of page faults, which on CPU
+    takes as long as a fifth of the unembedding product."""
+
+    def __init__(self, dtype: torch.dtype = torch.float32) -> None:
+        self.dtype = dtype
+        self.buf: Tensor | None = None
+
+    def get(self, n: int, device: torch.device) -> Tensor:
+        """The first ``n`` entries of the buffer (grown to hold them), 1-D."""
+        if self.buf is None or self.buf.numel() < n or self.buf.device != device:
+            self.buf = None  # free the old one before allocating its successor
+            self.buf = torch.empty(n, dtype=self.dtype, device=device)
+        return self.buf[:n]
+
+
 class Readout:
     """The model's own readout: final norm, unembedding and, where the architecture
     has one, the final logit soft-cap; logits are float32.
@@ -92,8 +110,6 @@ class Readout:
         # Float32 rows of the unembedding, made on the first sampled back-projection
         # only: most readouts never need this second copy.
         self.rows: Float[Tensor, "d_vocab d_model"] | None = None
-        # Scratch in a lower precision than float32, reused by every product (see _low).
-        self._spare: Tensor | None = None
         # Whether every readout goes through W (a Readout with a dtype), or only
         # products written into a caller's buffer (below) while the rest call the module.
         self.own_copy = dtype is not None
@@ -108,6 +124,8 @@ class Readout:
             # no copy) gives its very product, written into a caller's buffer.
             self.W, dtype = head.weight.detach().T, torch.float32
         self.dtype = dtype
+        # Scratch for products in a lower precision than float32 (see _low).
+        self.scratch = Workspace(dtype or torch.float32)
         if self.W is not None:
             # The bridge gives bias-free heads a zero bias; adding it would be one more
             # pass over the logits for nothing.
@@ -160,9 +178,7 @@ class Readout:
     def _low(self, rows: int, cols: int) -> Tensor:
         """A ``[rows, cols]`` scratch matrix in the readout's dtype, reused from call to
         call: a fresh vocabulary-sized one costs a round of page faults each time."""
-        if self._spare is None or self._spare.numel() < rows * cols:
-            self._spare = torch.empty(rows * cols, dtype=self.dtype, device=self.W.device)  # type: ignore[union-attr]
-        return self._spare[: rows * cols].view(rows, cols)
+        return self.scratch.get(rows * cols, self.W.device).view(rows, cols)  # type: ignore[union-attr]
 
     def project_back_sampled(
         self, g: Float[Tensor, "... d_vocab"], samples: int, gen: torch.Generator, chunk: int = 512

@@ -16,7 +16,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from depthkit.lens.base import LayerStep, Lens
+from depthkit.lens.base import LayerStep, Lens, Workspace
 
 
 @dataclass
@@ -43,22 +43,6 @@ BYTES_PER_VOCAB_ENTRY = 4 + 4
 # instead of streaming a whole chunk from memory for each (same-process A/B on 2
 # cores: 5-12 % more prompts per second for the whole engine).
 STAT_BLOCK_BYTES = 3 * 2**19
-
-
-class Workspace:
-    """One float32 buffer reused for the logits of every chunk a caller decodes: a
-    fresh vocabulary-sized tensor per chunk costs a round of page faults, which on
-    CPU takes as long as a fifth of the unembedding product."""
-
-    def __init__(self) -> None:
-        self.buf: Tensor | None = None
-
-    def get(self, n: int, device: torch.device) -> Float[Tensor, " n"]:
-        if self.buf is None or self.buf.numel() < n or self.buf.device != device:
-            self.buf = None  # free the old one before allocating its successor
-            self.buf = torch.empty(n, device=device)
-        return self.buf[:n]
-
 
 
 @torch.no_grad()
