@@ -18,6 +18,7 @@ from depthkit.analyses.patching import (
     patching_sweep,
     transition_layer,
 )
+from depthkit.engine.batching import masks_by_layer_type
 from depthkit.engine.capture import Item, collect_residuals, copy_attention_mask
 from depthkit.engine.models import _build_tiny
 from depthkit.lens.base import LogitLens
@@ -219,6 +220,19 @@ def test_copy_attention_mask_by_hand():
     ]
     assert copy_attention_mask(5, 1, 1, window=3).shape[-1] == 2 + 2  # only window - 1 prefix keys stay cached
 
+
+def test_a_sliding_window_model_takes_a_mask_per_layer_type_only_past_its_window(tiny_models, tiny_llama):
+    gemma = tiny_models["gemma3"]  # sliding window of 32 positions
+
+    def copies(columns: int):  # a cached prefix, 11 context tokens and 2 copies of the last: ``columns`` positions
+        return lambda window: copy_attention_mask(columns - 12, 11, 2, window)
+
+    at, past = copies(32), copies(33)
+    assert torch.equal(at(32), at(None)) and not torch.equal(past(32), past(None))
+    assert torch.equal(masks_by_layer_type(gemma, 32, at), at(None))  # the window hides nothing yet
+    both = masks_by_layer_type(gemma, 33, past)
+    assert torch.equal(both["full_attention"], past(None)) and torch.equal(both["sliding_attention"], past(32))
+    assert torch.equal(masks_by_layer_type(tiny_llama, 1000, past), past(None))  # no sliding-window layers
 
 def test_final_tokens_are_the_models_own_top1(tiny_llama):
     got = final_tokens(tiny_llama, TARGETS + [TARGETS[0] + " and"])

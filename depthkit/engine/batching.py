@@ -9,7 +9,9 @@
   almost no padding;
 * :func:`shared_prefix_groups`: items grouped by the leading tokens they share, so
   that those run once;
-* :func:`copy_attention_mask`: the mask of a run that reads copies of one token.
+* :func:`copy_attention_mask`: the mask of a run that reads copies of one token;
+* :func:`masks_by_layer_type`: a pass's mask, one per layer type where a
+  sliding-window layer hides some of its key positions.
 
 Nothing here runs the model: :mod:`depthkit.engine.capture` does, with these.
 Right padding with an attention mask: real tokens keep their positions and causal
@@ -20,7 +22,7 @@ so packing cannot either (beyond float summation order).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -221,14 +223,10 @@ def packed_tensors(model: Model, items: Sequence[Item], rows: list[list[int]] | 
             col += n
     rows_b = [where[i][0] for i, it in enumerate(items) for _ in it.positions]
     rows_p = [where[i][1] + p for i, it in enumerate(items) for p in it.positions]
-    mask: Tensor | dict[str, Tensor] = packed_attention_mask(segment, position).to(device)
-    window = _sliding_window(model)
-    if window is not None and n_cols > window:
-        mask = {"full_attention": mask, "sliding_attention": packed_attention_mask(segment, position, window).to(device)}
     return (
         tokens.to(device),
         position.to(device),
-        mask,
+        masks_by_layer_type(model, n_cols, lambda window: packed_attention_mask(segment, position, window).to(device)),
         torch.tensor(rows_b, device=device),
         torch.tensor(rows_p, device=device),
     )
@@ -295,6 +293,17 @@ def copy_attention_mask(n_prefix: int, n_context: int, n_copies: int, window: in
         k_pos = torch.cat([torch.arange(n_prefix - kept, n_prefix), q_pos])
         mask &= k_pos[None, :] > q_pos[:, None] - window
     return mask[None, None]
+
+
+def masks_by_layer_type(model: Model, columns: int, mask: Callable[[int | None], Tensor]) -> Tensor | dict[str, Tensor]:
+    """The attention mask of a pass whose tokens span ``columns`` positions, from
+    ``mask(window)`` (``None``: no window): one mask, or for a model with
+    sliding-window layers whose window is narrower than that span, one per layer
+    type (Hugging Face's keys)."""
+    window = _sliding_window(model)
+    if window is None or columns <= window:
+        return mask(None)
+    return {"full_attention": mask(None), "sliding_attention": mask(window)}
 
 
 def _sliding_window(model: Model) -> int | None:

@@ -27,8 +27,8 @@ from depthkit.engine.batching import (
     _device,
     _options,
     _out_device,
-    _sliding_window,
     copy_attention_mask,
+    masks_by_layer_type,
     shared_prefix_groups,
     token_key,
 )
@@ -97,8 +97,8 @@ def patched_final_residuals(
     bar = tqdm(total=n, desc="patching", unit="run", disable=not run["progress"], leave=False)
     # A sliding-window layer lets the last token see only so far back: a kept context
     # longer than that would show it more (can_keep; the contexts of such runs are never kept).
-    usable = {k: c for k, c in (contexts or {}).items() if can_keep(model, len(c.prompt))}
-    kept = [(usable[k], rows_of.pop(k)) for k in list(rows_of) if k in usable]
+    contexts = contexts or {}
+    kept = [(contexts[k], rows_of.pop(k)) for k in list(rows_of) if k in contexts and can_keep(model, len(contexts[k].prompt))]
     _patch_kept(model, out, kept, layers, vectors, bar)
     targets = [Item(list(seq), [len(seq) - 1]) for seq in rows_of]
     rows_of_target = list(rows_of.values())  # in the order of ``targets``
@@ -202,14 +202,9 @@ def _patch_call(
     ids = torch.tensor([context + [tokens[-1]] * n_copies], dtype=torch.long, device=device)
     position = torch.arange(n_prefix, n_prefix + len(context) + 1, device=device)
     position_ids = torch.cat([position[:-1], position[-1:].expand(n_copies)])[None]
-    mask = copy_attention_mask(n_prefix, len(context), n_copies).to(device)
-    window = _sliding_window(model)
-    if window is not None and n_prefix + len(context) + 1 > window:
-        # Models with sliding-window layers take one mask per layer type.
-        mask = {
-            "full_attention": mask,
-            "sliding_attention": copy_attention_mask(n_prefix, len(context), n_copies, window).to(device),
-        }
+    mask = masks_by_layer_type(
+        model, n_prefix + len(context) + 1, lambda window: copy_attention_mask(n_prefix, len(context), n_copies, window).to(device)
+    )
     copies = torch.arange(len(context), len(context) + n_copies)
     work = _patch_work(model.info.n_blocks, torch.tensor(layers), torch.zeros_like(copies), copies, vec)
     return Call(ids, mask, work, position_ids, prefix)

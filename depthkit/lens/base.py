@@ -125,7 +125,7 @@ class Readout:
             self.W, dtype = head.weight.detach().T, torch.float32
         self.dtype = dtype
         # Scratch for products in a lower precision than float32 (see _low).
-        self.scratch = Workspace(dtype or torch.float32)
+        self.scratch = Workspace(dtype) if dtype not in (None, torch.float32) else None
         if self.W is not None:
             # The bridge gives bias-free heads a zero bias; adding it would be one more
             # pass over the logits for nothing.
@@ -178,6 +178,7 @@ class Readout:
     def _low(self, rows: int, cols: int) -> Tensor:
         """A ``[rows, cols]`` scratch matrix in the readout's dtype, reused from call to
         call: a fresh vocabulary-sized one costs a round of page faults each time."""
+        assert self.scratch is not None, "only a readout in a lower precision than float32 has scratch"
         return self.scratch.get(rows * cols, self.W.device).view(rows, cols)  # type: ignore[union-attr]
 
     def project_back_sampled(
